@@ -1,0 +1,47 @@
+"""Exceptions raised by pykvcompact.
+
+Each class also derives from the closest builtin so callers that catch ``FileNotFoundError`` or
+``ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+
+class PyKVCompactError(Exception):
+    """Base class of every error raised by pykvcompact."""
+
+
+class ModelNotFoundError(PyKVCompactError, FileNotFoundError):
+    """A model file or the package that carries it is missing. The message says what to install."""
+
+
+class InvalidModelError(PyKVCompactError, ValueError):
+    """A model file exists but is not usable (not GGUF, wrong size or sha256)."""
+
+
+class EngineError(PyKVCompactError, RuntimeError):
+    """The engine could not do what was asked; the message says why and what to do."""
+
+
+class ContextFullError(EngineError):
+    """The KV cell pool (n_ctx, shared by every sequence) cannot hold the tokens asked for."""
+
+
+class SlotsExhaustedError(EngineError):
+    """Every sequence slot (n_seq_max) is in use; close a sequence or raise n_seq_max."""
+
+
+class SequenceClosedError(EngineError):
+    """The sequence was closed (or its engine was)."""
+
+
+class SequenceBusyError(EngineError):
+    """Another job (a generation or prefill) is running on this sequence."""
+
+
+class UnsupportedOperationError(EngineError):
+    """The loaded model cannot do this operation (see ``Engine.capabilities``)."""
+
+
+class CancelledError(EngineError):
+    """The job was cancelled."""
