@@ -1,0 +1,173 @@
+// Python bindings of the native engine. Every call that talks to the engine thread releases the GIL
+// while it waits, so other Python threads (and the engine) keep running.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine.h"
+
+namespace py = pybind11;
+using namespace pkc;
+
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+py::array_t<float> to_numpy(std::vector<float> && v, py::ssize_t rows, py::ssize_t cols) {
+    auto * heap = new std::vector<float>(std::move(v));
+    py::capsule owner(heap, [](void * p) { delete static_cast<std::vector<float> *>(p); });
+    if (rows < 0) return py::array_t<float>({(py::ssize_t) heap->size()}, {(py::ssize_t) sizeof(float)}, heap->data(), owner);
+    return py::array_t<float>({rows, cols}, {cols * (py::ssize_t) sizeof(float), (py::ssize_t) sizeof(float)}, heap->data(), owner);
+}
+
+// C++ exceptions become the classes in pykvcompact/errors.py (pure Python, importable without us).
+void register_translators() {
+    py::register_exception_translator([](std::exception_ptr p) {
+        if (!p) return;
+        auto raise = [](const char * cls, const char * what) {
+            py::object errors = py::module_::import("pykvcompact.errors");
+            PyErr_SetString(errors.attr(cls).ptr(), what);
+        };
+        try {
+            std::rethrow_exception(p);
+        } catch (const ContextFullError & e) { raise("ContextFullError", e.what());
+        } catch (const SlotsExhaustedError & e) { raise("SlotsExhaustedError", e.what());
+        } catch (const SequenceClosedError & e) { raise("SequenceClosedError", e.what());
+        } catch (const SequenceBusyError & e) { raise("SequenceBusyError", e.what());
+        } catch (const UnsupportedOperationError & e) { raise("UnsupportedOperationError", e.what());
+        } catch (const CancelledError & e) { raise("CancelledError", e.what());
+        } catch (const EngineError & e) { raise("EngineError", e.what());
+        }
+    });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "pykvcompact native engine (one llama.cpp context, one engine thread, many KV sequences)";
+    m.attr("LLAMA_CPP_HEADER_BUILD") = py::str("llama-cpp-python 0.3.36");
+    register_translators();
+
+    py::class_<Job, std::shared_ptr<Job>>(m, "Job")
+        .def("done", &Job::done)
+        .def("wait", &Job::wait, py::arg("timeout_s"), Release())
+        .def("wait_tokens", &Job::wait_tokens, py::arg("have"), py::arg("timeout_s"), Release())
+        .def("wait_ready", &Job::wait_ready, py::arg("timeout_s"), Release())
+        .def("ready", &Job::ready)
+        .def("cancel", &Job::request_cancel)
+        .def("cancel_requested", &Job::cancel_requested)
+        .def("tokens", &Job::tokens)
+        .def("tokens_from", &Job::tokens_from)
+        .def("finish_reason", &Job::finish_reason)
+        .def("error_message", &Job::error_message)
+        .def("rethrow", [](const Job & j) { if (auto e = j.error()) std::rethrow_exception(e); })
+        .def("rows_decoded", &Job::rows_decoded)
+        .def("mixed_steps", &Job::mixed_steps)
+        .def("logit_rows", [](const Job & j, int n_vocab) {
+            std::vector<float> r = j.rows();
+            py::ssize_t rows = n_vocab > 0 ? (py::ssize_t) (r.size() / (size_t) n_vocab) : 0;
+            return to_numpy(std::move(r), rows, n_vocab);
+        });
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init([](const std::string & path, uint32_t n_ctx, uint32_t n_seq_max, int n_threads, uint32_t n_batch,
+                         uint32_t background_chunk, uint32_t seed, bool use_extra_bufts, int n_gpu_layers, bool verbose) {
+                 EngineOptions o;
+                 o.model_path = path; o.n_ctx = n_ctx; o.n_seq_max = n_seq_max; o.n_threads = n_threads;
+                 o.n_batch = n_batch; o.background_chunk = background_chunk; o.seed = seed;
+                 o.use_extra_bufts = use_extra_bufts; o.n_gpu_layers = n_gpu_layers; o.verbose = verbose;
+                 return new Engine(o);
+             }),
+             py::arg("model_path"), py::arg("n_ctx"), py::arg("n_seq_max"), py::arg("n_threads"), py::arg("n_batch"),
+             py::arg("background_chunk"), py::arg("seed"), py::arg("use_extra_bufts"), py::arg("n_gpu_layers"),
+             py::arg("verbose"), Release())
+        .def("shutdown", &Engine::shutdown, Release())
+        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"), Release())
+        .def("detokenize", [](const Engine & e, const std::vector<llama_token> & t, bool special) {
+            std::string s;
+            { py::gil_scoped_release r; s = e.detokenize(t, special); }
+            return py::bytes(s);
+        }, py::arg("tokens"), py::arg("special"))
+        .def("token_to_piece", [](const Engine & e, llama_token t, bool special) {
+            return py::bytes(e.token_to_piece(t, special));
+        })
+        .def("is_eog", [](const Engine & e, llama_token t) { return t >= 0 && t < e.n_vocab() && llama_vocab_is_eog(e.vocab(), t); })
+        .def("token_bos", [](const Engine & e) { return llama_vocab_bos(e.vocab()); })
+        .def("token_eos", [](const Engine & e) { return llama_vocab_eos(e.vocab()); })
+        .def("token_eot", [](const Engine & e) { return llama_vocab_eot(e.vocab()); })
+        .def("add_bos", [](const Engine & e) { return llama_vocab_get_add_bos(e.vocab()); })
+        .def("n_vocab", &Engine::n_vocab)
+        .def("n_ctx", &Engine::n_ctx)
+        .def("n_seq_max", &Engine::n_seq_max)
+        .def("chat_template", [](const Engine & e) -> py::object {
+            const char * t = llama_model_chat_template(e.model(), nullptr);
+            if (!t) return py::none();
+            return py::str(t);
+        })
+        .def("metadata", [](const Engine & e) {
+            std::map<std::string, std::string> out;
+            const int n = llama_model_meta_count(e.model());
+            std::vector<char> key(512), val(1 << 16);
+            for (int i = 0; i < n; ++i) {
+                if (llama_model_meta_key_by_index(e.model(), i, key.data(), key.size()) < 0) continue;
+                int vn = llama_model_meta_val_str_by_index(e.model(), i, val.data(), val.size());
+                if (vn < 0) continue;
+                out[key.data()] = std::string(val.data(), std::min((size_t) vn, val.size() - 1));
+            }
+            return out;
+        })
+        .def("capabilities", [](const Engine & e) {
+            py::dict d;
+            const llama_model * mdl = e.model();
+            d["n_ctx"] = e.n_ctx();
+            d["n_seq_max"] = e.n_seq_max();
+            d["n_vocab"] = e.n_vocab();
+            d["n_ctx_train"] = llama_model_n_ctx_train(mdl);
+            d["can_shift"] = e.can_shift();
+            d["recurrent"] = llama_model_is_recurrent(mdl);
+            d["hybrid"] = llama_model_is_hybrid(mdl);
+            d["n_swa"] = llama_model_n_swa(mdl);
+            d["sliding_window"] = llama_model_n_swa(mdl) > 0;
+            const auto rope = llama_model_rope_type(mdl);
+            d["mrope"] = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE;
+            d["truncate"] = !(llama_model_is_recurrent(mdl) || llama_model_is_hybrid(mdl));
+            py::list modes; modes.append("exact"); if (e.can_shift()) modes.append("splice");
+            d["rebase_modes"] = py::tuple(modes);
+            d["kv_unified"] = true;
+            for (auto & [k, v] : e.capabilities_strings()) d[py::str(k)] = v;
+            return d;
+        })
+        .def("seq_create", &Engine::seq_create, Release())
+        .def("seq_append", [](Engine & e, uint64_t h, const std::vector<llama_token> & t, int kind, bool all) {
+            return e.seq_append(h, t, (RowKind) kind, all);
+        }, Release())
+        .def("seq_logits", [](Engine & e, uint64_t h) {
+            std::vector<float> v;
+            { py::gil_scoped_release r; v = e.seq_logits(h); }
+            return to_numpy(std::move(v), -1, 0);
+        })
+        .def("seq_tokens", &Engine::seq_tokens, Release())
+        .def("seq_len", &Engine::seq_len, Release())
+        .def("seq_pos_range", &Engine::seq_pos_range, Release())
+        .def("seq_slot", &Engine::seq_slot, Release())
+        .def("seq_fork", &Engine::seq_fork, Release())
+        .def("seq_truncate", &Engine::seq_truncate, Release())
+        .def("seq_close", &Engine::seq_close, Release())
+        .def("seq_generate", [](Engine & e, uint64_t h, int max_tokens, float temperature, float top_p, int64_t seed,
+                                const std::vector<llama_token> & stop_tokens, const std::vector<std::string> & stop_strings,
+                                const std::string & grammar, int kind) {
+            SamplingParams sp;
+            sp.temperature = temperature; sp.top_p = top_p; sp.grammar = grammar;
+            sp.seed = seed < 0 ? 0xFFFFFFFFu : (uint32_t) (seed % 0xFFFFFFFFll);
+            return e.seq_generate(h, max_tokens, sp, stop_tokens, stop_strings, (RowKind) kind);
+        }, Release())
+        .def("prepare_rebase", [](Engine & e, uint64_t h, size_t kp, const std::vector<llama_token> & repl, size_t kf, bool splice) {
+            return e.prepare_rebase(h, kp, repl, kf, splice);
+        }, Release())
+        .def("commit_rebase", &Engine::commit_rebase, Release())
+        .def("cancel_rebase", &Engine::cancel_rebase, Release())
+        .def("rebase_target_len", &Engine::rebase_target_len, Release())
+        .def("stats", &Engine::stats, Release())
+        .def("tokens_per_sequence", &Engine::tokens_per_sequence, Release())
+        .def("used_cells", &Engine::used_cells, Release());
+}

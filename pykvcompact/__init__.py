@@ -1,0 +1,34 @@
+"""pykvcompact: a local inference engine for long-horizon agents.
+
+GGUF models run through llama.cpp (the libllama of the pinned llama-cpp-python); the KV cache is
+managed natively so that compaction is decided by a rubric probe, prepared in the background on a
+forked sequence, and committed at the limit between two tokens.
+"""
+
+from __future__ import annotations
+
+from ._native_loader import LLAMA_CPP_PYTHON_VERSION
+from .engine import Engine, Sequence, physical_cores
+from .errors import (CancelledError, ContextFullError, EngineError, InvalidModelError, ModelNotFoundError,
+                     PyKVCompactError, SequenceBusyError, SequenceClosedError, SlotsExhaustedError,
+                     UnsupportedOperationError)
+from .jobs import Job, Rebase
+from .models import list_models, resolve_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",
+    "PyKVCompactError", "EngineError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
+    "SequenceBusyError", "UnsupportedOperationError", "CancelledError", "ModelNotFoundError", "InvalidModelError",
+    "LLAMA_CPP_PYTHON_VERSION",
+]
+
+# The policy layer (sessions, compaction); optional until present.
+try:  # pragma: no cover - import wiring
+    from . import events  # noqa: F401
+    from .policy import Policy  # noqa: F401
+    from .session import Session  # noqa: F401
+    __all__ += ["Session", "Policy", "events"]
+except ImportError:  # the policy layer is being built
+    pass

@@ -1,0 +1,152 @@
+"""Python handles on native jobs: background generations and prefills (``Job``) and rebase
+preparations (``Rebase``). Waits are sliced so Ctrl-C still works while the GIL is released."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+_SLICE_S = 0.1
+
+
+def wait_job(job, timeout: float | None = None) -> bool:
+    """Wait for a native job; re-raise its error. Returns False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not job.wait(_SLICE_S if deadline is None else max(0.0, min(_SLICE_S, deadline - time.monotonic()))):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+    job.rethrow()
+    return True
+
+
+class Job:
+    """A generation or prefill running on the engine thread.
+
+    ``done()``, ``result(timeout=None)`` (the tokens; raises the job's error), ``cancel()``,
+    ``tokens`` (so far), ``finish_reason`` ("stop", "length", "cancelled", "context_full", "done",
+    "error")."""
+
+    def __init__(self, native_job, sequence: Any = None, appended: list[int] | None = None):
+        self._j = native_job
+        self.sequence = sequence
+        self._appended = appended
+
+    def done(self) -> bool:
+        return bool(self._j.done())
+
+    def result(self, timeout: float | None = None) -> list[int]:
+        try:
+            finished = wait_job(self._j, timeout)
+        except KeyboardInterrupt:
+            self._j.cancel()
+            raise
+        if not finished:
+            raise TimeoutError(f"the job did not finish within {timeout} s (it keeps running; cancel() stops it)")
+        return list(self._appended) if self._appended is not None else list(self._j.tokens())
+
+    def cancel(self) -> None:
+        """Stop at the next decode step. Tokens already decoded stay in the sequence."""
+        self._j.cancel()
+
+    def stream(self) -> Iterator[int]:
+        have = 0
+        try:
+            while True:
+                n = self._j.wait_tokens(have, _SLICE_S)
+                if n > have:
+                    for t in self._j.tokens_from(have):
+                        yield int(t)
+                    have = n
+                elif self._j.done():
+                    rest = self._j.tokens_from(have)
+                    if rest:
+                        yield from (int(t) for t in rest)
+                        have += len(rest)
+                        continue
+                    self._j.rethrow()
+                    return
+        finally:
+            if not self._j.done():
+                self._j.cancel()
+                while not self._j.wait(_SLICE_S):
+                    pass
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._j.tokens())
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._j.finish_reason() or None
+
+    @property
+    def error(self) -> str | None:
+        return self._j.error_message() or None
+
+    @property
+    def rows_decoded(self) -> int:
+        """Batch rows this job put into decode steps."""
+        return int(self._j.rows_decoded())
+
+    @property
+    def mixed_steps(self) -> int:
+        """Decode steps this job shared with work of the other priority (foreground/background)."""
+        return int(self._j.mixed_steps())
+
+    def __repr__(self) -> str:
+        return f"Job(done={self.done()}, tokens={len(self.tokens)}, finish_reason={self.finish_reason!r})"
+
+
+class Rebase:
+    """A rebase being prepared in the background. ``done()`` is true while the prepared sequence is
+    caught up with its source (it becomes false again when the source grows, until it catches up)."""
+
+    def __init__(self, sequence, rid: int, native_job, keep_prefix: int, keep_from: int, replacement: list[int], mode: str):
+        self.sequence = sequence
+        self.id = rid
+        self._j = native_job
+        self.keep_prefix = keep_prefix
+        self.keep_from = keep_from
+        self.replacement = replacement
+        self.mode = mode
+        self._committed = False
+
+    def done(self) -> bool:
+        return bool(self._j.ready()) or bool(self._j.done())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until caught up; raise the preparation's error if it failed. False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._j.wait_ready(_SLICE_S):
+                return True
+            if self._j.done():
+                self._j.rethrow()
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def cancel(self) -> None:
+        """Drop the preparation and free its slot and cells."""
+        if not self._j.done() and not self.sequence.closed:
+            self.sequence.engine._n.cancel_rebase(self.id)
+
+    @property
+    def failed(self) -> bool:
+        return self._j.finish_reason() == "error"
+
+    @property
+    def error(self) -> str | None:
+        return self._j.error_message() or None
+
+    @property
+    def committed(self) -> bool:
+        return self._committed
+
+    @property
+    def target_len(self) -> int:
+        return int(self.sequence.engine._n.rebase_target_len(self.id))
+
+    def __repr__(self) -> str:
+        return f"Rebase(mode={self.mode!r}, keep_prefix={self.keep_prefix}, keep_from={self.keep_from}, replacement={len(self.replacement)} tokens, ready={self.done()})"
