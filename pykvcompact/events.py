@@ -1,0 +1,145 @@
+"""Compaction events.
+
+Every event is a small dataclass with a ``name`` (the event's type as a string, e.g. ``"probe"``) and
+``t`` (``time.time()`` when it happened).  The session keeps them in ``session.events`` and yields them
+from ``session.stream`` in the order they happen.  The spec'd fields come first, in the spec'd order:
+
+- ``probe(verdict, p, tokens, ms)``
+- ``summary_started(mark)``
+- ``summary_ready(tokens, ms)``
+- ``rebased(mode, tokens_before, tokens_after, stall_ms, catch_up_tokens)``
+- ``offloaded(path, messages)``
+- ``tool_refused(fill)``
+
+plus a few extra ones that make the policy observable (``summary_failed``, ``preparation_restarted``,
+``dropped``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class Event:
+    name = "event"
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["event"] = self.name
+        return d
+
+    @property
+    def type(self) -> str:  # alias, handy in JSON-ish consumers
+        return self.name
+
+
+@dataclass
+class Probe(Event):
+    """A rubric probe: ``verdict`` is "COMPRESS" or "CONTINUE", ``p`` the probability of COMPRESS."""
+    verdict: str
+    p: float
+    tokens: int
+    ms: float
+    reason: str = "model"          # "model" (label probabilities) or the rule that overrode it
+    fill: float = 0.0
+    trigger: str = "interval"      # "interval" | "tool_result"
+    t: float = field(default_factory=time.time)
+    name = "probe"
+
+
+@dataclass
+class SummaryStarted(Event):
+    """A summary of the live messages before ``mark`` (index into the live messages) has started."""
+    mark: int
+    mark_tokens: int = 0
+    background: bool = True
+    reason: str = ""
+    t: float = field(default_factory=time.time)
+    name = "summary_started"
+
+
+@dataclass
+class SummaryReady(Event):
+    tokens: int
+    ms: float
+    fallback: bool = False
+    attempts: int = 1
+    t: float = field(default_factory=time.time)
+    name = "summary_ready"
+
+
+@dataclass
+class SummaryFailed(Event):
+    reason: str                    # "exception" | "empty" | "over_length" | "timeout"
+    attempt: int
+    detail: str = ""
+    t: float = field(default_factory=time.time)
+    name = "summary_failed"
+
+
+@dataclass
+class Rebased(Event):
+    mode: str
+    tokens_before: int
+    tokens_after: int
+    stall_ms: float
+    catch_up_tokens: int
+    trigger: str = ""              # "hard" | "fixed" | "compress" | "tool" | "manual" | "window"
+    prepared: bool = False         # True when the summary and rebased context were prepared in the background
+    engine_stall_ms: Optional[float] = None
+    t: float = field(default_factory=time.time)
+    name = "rebased"
+
+
+@dataclass
+class Offloaded(Event):
+    path: str
+    messages: int
+    t: float = field(default_factory=time.time)
+    name = "offloaded"
+
+
+@dataclass
+class ToolRefused(Event):
+    fill: float
+    t: float = field(default_factory=time.time)
+    name = "tool_refused"
+
+
+@dataclass
+class PreparationRestarted(Event):
+    reason: str
+    old_mark: int
+    tail_tokens: int = 0
+    t: float = field(default_factory=time.time)
+    name = "preparation_restarted"
+
+
+@dataclass
+class Dropped(Event):
+    """Mode ``none``: the oldest turns after the system prompt were dropped (context shift)."""
+    messages: int
+    tokens: int
+    t: float = field(default_factory=time.time)
+    name = "dropped"
+
+
+# lower-case aliases matching the names used in the spec: events.probe(...), events.rebased(...)
+probe = Probe
+summary_started = SummaryStarted
+summary_ready = SummaryReady
+summary_failed = SummaryFailed
+rebased = Rebased
+offloaded = Offloaded
+tool_refused = ToolRefused
+preparation_restarted = PreparationRestarted
+dropped = Dropped
+
+ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
+                           ToolRefused, PreparationRestarted, Dropped)}
+
+__all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
+           "ToolRefused", "PreparationRestarted", "Dropped", "ALL"]

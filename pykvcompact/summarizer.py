@@ -1,0 +1,261 @@
+"""The summarizer: prompt, one attempt on a fork, failure handling, deterministic fallback.
+
+The summarizer prompt is appended to a fork of the live sequence cut at the snapshot mark, so only the
+prompt is prefilled (the history's KV cells are shared).  An attempt fails on an exception, an empty
+output, an over-length output (the ``summary_max_tokens`` budget ran out before the model ended the
+summary) or a timeout; the session retries once and then falls back to :func:`fallback_summary`, built
+from the messages themselves (roles, tool names, the last user request), which always succeeds.
+
+Fault injection (tests): ``Summarizer.faults`` is a list consumed one item per attempt; an item is one of
+``"exception"``, ``"empty"``, ``"over_length"``, ``"timeout"`` or ``None`` (no fault).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from typing import Callable, List, Optional, Sequence
+
+FAILURES = ("exception", "empty", "over_length", "timeout")
+
+SUMMARY_HEADER = "[Summary of the conversation before this point. The full messages are saved in {path}.]"
+
+
+def summarizer_request(history_path: str, max_tokens: int, instructions: Optional[str] = None,
+                       shorter: bool = False) -> str:
+    """The user message appended to the fork to ask for the summary."""
+    words = max(20, int(max_tokens * (0.35 if shorter else 0.6)))
+    parts = [
+        "Pause the task and write a summary of the conversation above, so that the work can continue "
+        f"from the summary alone. The full messages will be saved in {history_path}.",
+        "Use exactly these headings:",
+        "Goal: what the user wants.",
+        "Verified facts: facts established above, with their exact values (numbers, names, paths, results).",
+        "Decisions: what was decided and why.",
+        "Files and artifacts: files, functions or other artifacts read, created or changed.",
+        "Open items: what is unfinished or unknown.",
+        "Next step: the next concrete action.",
+        "Write only what is stated above; do not invent anything; write \"none\" under an empty heading. "
+        f"At most {words} words.",
+    ]
+    if instructions:
+        parts.append(f"Focus on: {instructions.strip()}")
+    return "\n".join(parts)
+
+
+def summary_message(summary_text: str, history_path: str) -> dict:
+    """The message that replaces the summarized history in the live context."""
+    return {"role": "user",
+            "content": SUMMARY_HEADER.format(path=history_path) + "\n\n" + summary_text.strip(),
+            "summary": True}
+
+
+def _clip(s: str, n: int) -> str:
+    s = " ".join((s or "").split())
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+_PATH_RE = re.compile(r"(?:(?<=\s)|^)((?:[\w.-]+/)+[\w.-]+\.\w{1,8}|[\w-]+\.(?:py|md|txt|json|toml|yaml|yml|"
+                      r"cpp|h|hpp|c|js|ts|rs|go|java|sh|cfg|ini|csv))\b")
+
+
+def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: int = 2000) -> str:
+    """A deterministic summary built from the messages (no model): counts by role, tools used, the last
+    user request, files mentioned, the gist of an earlier summary. The raw tail follows it in context."""
+    roles = Counter(m.get("role", "?") for m in messages if not m.get("summary"))
+    tools = Counter()
+    for m in messages:
+        for tc in m.get("tool_calls") or []:
+            f = tc.get("function", tc)
+            tools[f.get("name", "?")] += 1
+        if m.get("role") == "tool" and m.get("name"):
+            pass
+    users = [m for m in messages if m.get("role") == "user" and not m.get("summary")]
+    earlier = [m for m in messages if m.get("summary")]
+    paths = []
+    for m in messages:
+        for p in _PATH_RE.findall(m.get("content") or ""):
+            if p not in paths:
+                paths.append(p)
+    lines = ["(Automatic summary built without the model" + (f": the summarizer failed ({reason})" if reason else "")
+             + ".)"]
+    lines.append("Goal: " + (_clip(users[0].get("content", ""), 300) if users else "none stated") )
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(roles.items()))
+    lines.append(f"Summarized messages: {sum(roles.values())} ({counts or 'none'}).")
+    if tools:
+        lines.append("Tools called: " + ", ".join(f"{k} x{v}" for k, v in tools.most_common()) + ".")
+    if paths:
+        lines.append("Files mentioned: " + ", ".join(paths[:12]) + ".")
+    if earlier:
+        body = earlier[-1].get("content", "")
+        body = body.split("\n\n", 1)[1] if "\n\n" in body else body
+        lines.append("Earlier summary: " + _clip(body, 600))
+    if users:
+        lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
+    last_asst = [m for m in messages if m.get("role") == "assistant" and m.get("content")]
+    if last_asst:
+        lines.append("Last assistant reply: " + _clip(last_asst[-1]["content"], 300))
+    lines.append("Next step: continue from the most recent messages below.")
+    out = "\n".join(lines)
+    return out if len(out) <= max_chars else out[: max_chars - 1] + "…"
+
+
+def validate(text: Optional[str], n_tokens: int, finish_reason: Optional[str], error, max_tokens: int,
+             timed_out: bool = False) -> Optional[str]:
+    """``None`` when the attempt produced a usable summary, else the failure reason."""
+    if timed_out:
+        return "timeout"
+    if error is not None or finish_reason in ("error", "cancelled", "context_full"):
+        return "exception"
+    if not text or not text.strip():
+        return "empty"
+    if finish_reason == "length" or n_tokens > max_tokens:
+        return "over_length"
+    return None
+
+
+class Attempt:
+    """One summary generation on a fork: ``fork.tokens == history[:mark]``; appends ``prompt_tokens`` then
+    generates at most ``max_tokens``. Background attempts use ``append_background``/``generate_background``
+    (rows interleaved with the foreground), synchronous ones ``append``/``generate``."""
+
+    def __init__(self, fork, prompt_tokens: List[int], *, max_tokens: int, background: bool, timeout: float,
+                 detokenize: Callable[[List[int]], str], fault: Optional[str] = None, attempt: int = 1):
+        self.fork = fork
+        self.max_tokens = max_tokens
+        self.background = background
+        self.timeout = 0.0 if fault == "timeout" else timeout
+        self.detokenize = detokenize
+        self.fault = fault
+        self.attempt = attempt
+        self.t0 = time.perf_counter()
+        self.t_done: Optional[float] = None
+        self.error = None
+        self.tokens: List[int] = []
+        self.finish_reason: Optional[str] = None
+        self._prefill = None
+        self._gen = None
+        self._done = False
+        try:
+            if fault == "exception":
+                raise RuntimeError("injected summarizer fault")
+            if background:
+                self._prefill = fork.append_background(list(prompt_tokens))
+                try:
+                    self._gen = fork.generate_background(max_tokens, temperature=0.0)
+                except Exception:
+                    self._gen = None  # started by poll() once the prefill is done
+            else:
+                fork.append(list(prompt_tokens))
+                self.tokens = list(fork.generate(max_tokens, temperature=0.0))
+                self.finish_reason = "length" if len(self.tokens) >= max_tokens else "stop"
+                self._finish()
+        except Exception as e:  # noqa: BLE001 - any failure is a summarizer failure
+            self.error = e
+            self._finish()
+
+    def _finish(self):
+        self._done = True
+        self.t_done = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return (self.t_done or time.perf_counter()) - self.t0
+
+    @property
+    def timed_out(self) -> bool:
+        return not self._done and self.elapsed > self.timeout
+
+    def poll(self) -> bool:
+        """Advance; True when finished (successfully or not)."""
+        if self._done:
+            return True
+        try:
+            if self._gen is None:
+                if self._prefill is not None and not self._prefill.done():
+                    return False
+                if self._prefill is not None and getattr(self._prefill, "error", None):
+                    raise RuntimeError(f"summary prefill failed: {self._prefill.error}")
+                self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
+            if not self._gen.done():
+                return False
+            self.tokens = list(self._gen.result())
+            self.finish_reason = getattr(self._gen, "finish_reason", None) or (
+                "length" if len(self.tokens) >= self.max_tokens else "stop")
+            if getattr(self._gen, "error", None):
+                self.error = self._gen.error
+        except Exception as e:  # noqa: BLE001
+            self.error = e
+        self._finish()
+        return True
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until finished or ``timeout`` (default: what is left of the attempt's own timeout)."""
+        if self._done:
+            return True
+        left = self.timeout - self.elapsed if timeout is None else timeout
+        deadline = time.perf_counter() + max(0.0, left)
+        while not self.poll():
+            rem = deadline - time.perf_counter()
+            if rem <= 0:
+                return False
+            job = self._gen or self._prefill
+            try:
+                if job is not None and hasattr(job, "result") and job is self._gen:
+                    job.result(timeout=min(rem, 0.5))
+                else:
+                    time.sleep(min(rem, 0.005))
+            except Exception:  # timeout or job error: poll() records it
+                pass
+        return True
+
+    def cancel(self):
+        for j in (self._gen, self._prefill):
+            try:
+                if j is not None and not j.done():
+                    j.cancel()
+            except Exception:
+                pass
+
+    def outcome(self):
+        """``(text, failure_reason_or_None)``."""
+        if self.fault in ("timeout",):
+            return "", "timeout"
+        if not self._done and self.timed_out:
+            return "", "timeout"
+        text = ""
+        if self.error is None and self.tokens:
+            try:
+                text = self.detokenize(self.tokens)
+            except Exception as e:  # noqa: BLE001
+                self.error = e
+        fr = self.finish_reason
+        if self.fault == "empty":
+            text = ""
+        elif self.fault == "over_length":
+            fr = "length"
+        reason = validate(text, len(self.tokens), fr, self.error, self.max_tokens)
+        return text.strip(), reason
+
+
+class Summarizer:
+    """Starts attempts; holds the test fault-injection queue."""
+
+    def __init__(self, faults: Optional[Sequence[Optional[str]]] = None):
+        self.faults: List[Optional[str]] = list(faults or [])
+
+    def next_fault(self) -> Optional[str]:
+        f = self.faults.pop(0) if self.faults else None
+        if f is not None and f not in FAILURES:
+            raise ValueError(f"unknown fault {f!r}; one of {FAILURES}")
+        return f
+
+    def start(self, fork, prompt_tokens, *, max_tokens: int, background: bool, timeout: float,
+              detokenize, attempt: int = 1) -> Attempt:
+        return Attempt(fork, prompt_tokens, max_tokens=max_tokens, background=background, timeout=timeout,
+                       detokenize=detokenize, fault=self.next_fault(), attempt=attempt)
+
+
+__all__ = ["Summarizer", "Attempt", "summarizer_request", "summary_message", "fallback_summary", "validate",
+           "FAILURES", "SUMMARY_HEADER"]
