@@ -54,6 +54,8 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     cp.kv_unified = true;  // fork = metadata only; partial seq_cp is safe (DESIGN.md)
     cp.swa_full = true;    // otherwise sliding-window models purge old positions silently
     cp.no_perf = true;
+    cp.flash_attn_type = opts.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                       : opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
         llama_model_free(model_);

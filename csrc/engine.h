@@ -39,6 +39,7 @@ struct EngineOptions {
     uint32_t seed = 0;
     bool use_extra_bufts = false;  // ggml AMX repacking: SIGILL on some CPUs, see DESIGN.md
     int n_gpu_layers = 0;
+    int flash_attn = -1;           // -1 auto, 0 off, 1 on
     bool verbose = false;
 };
 

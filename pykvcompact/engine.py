@@ -84,12 +84,14 @@ class Engine:
 
     ``model`` is a GGUF path or a registry name (``"smollm2-135m"``, ``"qwen2.5-coder-1.5b"``);
     ``None`` is the default model. ``use_extra_bufts`` turns on ggml's extra buffer types (AMX weight
-    repacking); it is off because on some CPUs it crashes the process with SIGILL.
+    repacking); it is off because on some CPUs it crashes the process with SIGILL. ``flash_attn``:
+    None lets llama.cpp decide, True/False force it (llama-cpp-python's ``Llama`` defaults to False).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_threads: int | None = None, seed: int = 0, *, n_batch: int = 512, background_chunk: int = 32,
-                 use_extra_bufts: bool = False, n_gpu_layers: int = 0, verbose: bool = False):
+                 use_extra_bufts: bool = False, n_gpu_layers: int = 0, flash_attn: bool | None = None,
+                 verbose: bool = False):
         n_ctx = _check_int("n_ctx", n_ctx, 16)
         n_seq_max = _check_int("n_seq_max", n_seq_max, 1)
         if n_seq_max > 256:
@@ -102,7 +104,8 @@ class Engine:
         self.model_name = model if isinstance(model, str) and not os.path.exists(model) else (
             "qwen2.5-coder-1.5b" if model is None else str(model))
         self._n = native().Engine(str(self.model_path), n_ctx, n_seq_max, n_threads, n_batch, background_chunk,
-                                  seed, bool(use_extra_bufts), int(n_gpu_layers), bool(verbose))
+                                  seed, bool(use_extra_bufts), int(n_gpu_layers),
+                                  -1 if flash_attn is None else int(bool(flash_attn)), bool(verbose))
         self.n_threads = n_threads
         self.seed = seed
         self._closed = False
