@@ -28,10 +28,12 @@ not the whole pool: the session's forks need room too.  :func:`reserve_cells` sa
 Restart rule (background mode).  The prepared (shadow) context holds ``prefix + summary + raw tail``,
 where the raw tail is everything after the mark, and it keeps growing as the conversation goes on.  Its
 cells are reserved up front as ``summary budget + (keep_recent + hard - soft) x window`` — the tail kept
-raw at the mark plus the growth from ``soft`` to ``hard``.  When the raw tail outgrows that budget (one
-huge tool result, or a long stretch without reaching ``hard``) the prepared summary no longer helps
-enough and would not fit: the preparation is cancelled and restarts from a new mark at the current end
-(:func:`needs_restart`).  After any commit the fill is below ``soft`` unless the kept tail itself is large.
+raw at the mark plus the growth from ``soft`` to ``hard``.  The shadow coexists with a live sequence of at
+most ``hard`` x window, so it may also use the headroom above ``hard``: its limit is that budget +
+``(1 - hard)`` x window.  When ``summary + raw tail`` outgrows the limit (one huge tool result, or a long
+stretch without reaching ``hard``) the prepared summary no longer helps enough and would not fit: the
+preparation is cancelled and restarts from a new mark at the current end — provided the current history
+allows a later mark than the old one (:func:`needs_restart`; the session checks the later mark).  After any commit the fill is below ``soft`` unless the kept tail itself is large.
 """
 from __future__ import annotations
 
@@ -305,7 +307,8 @@ def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: i
     """Restart rule (module docstring): the shadow's summary + raw tail outgrew its reserved budget."""
     if p.mode != "background":
         return False
-    return summary_tokens + SUMMARY_MESSAGE_OVERHEAD + tail_tokens > shadow_budget(p, window)
+    limit = shadow_budget(p, window) + math.floor((1.0 - p.hard) * window)
+    return summary_tokens + SUMMARY_MESSAGE_OVERHEAD + tail_tokens > limit
 
 
 def probe_due(p: Policy, *, generated_since_probe: int = 0, after_tool_result: bool = False) -> bool:
