@@ -65,6 +65,9 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     }
     mem_ = llama_get_memory(ctx_);
     n_ctx_ = llama_n_ctx(ctx_);
+    // llama.cpp may lower n_batch (it never exceeds n_ctx); a bigger batch would trip a GGML_ASSERT.
+    opts_.n_batch = std::min(opts_.n_batch, (uint32_t) llama_n_batch(ctx_));
+    opts_.n_batch = std::min(opts_.n_batch, (uint32_t) llama_n_ubatch(ctx_));
     can_shift_ = llama_memory_can_shift(mem_);
     recurrent_ = llama_model_is_recurrent(model_);
     hybrid_ = llama_model_is_hybrid(model_);

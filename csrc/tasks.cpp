@@ -93,6 +93,7 @@ int GenerateTask::add_rows(Engine & e, int budget) {
         abort(e, std::make_exception_ptr(std::invalid_argument(msg)), msg);
         return 0;
     }
+    if (generated >= max_tokens) { end(e, "length"); return 0; }
     if (!s->logits_valid) {
         // After a truncate or a splice the last token's logits are recomputed once, exactly.
         llama_token last = s->tokens.back();
@@ -219,8 +220,8 @@ void RebaseTask::on_main_truncated(Engine & e, size_t n) {
         return;
     }
     if (!splice && n < main_consumed) {
-        SeqState & sh = e.seq(shadow_handle);
-        e.truncate_kv(sh, sh.size() - (main_consumed - n));
+        SeqState * sh = e.find_seq(shadow_handle);
+        if (sh) e.truncate_kv(*sh, sh->size() - (main_consumed - n));
         main_consumed = n;
     }
 }

@@ -434,6 +434,14 @@ class Sequence:
         if not self.engine.closed:
             self.engine._n.seq_close(self._h)
 
+    def __del__(self):
+        # A dropped handle gives its slot and cells back (never raise from a finalizer).
+        try:
+            if not self._closed and not self.engine.closed:
+                self.close()
+        except Exception:
+            pass
+
     def __enter__(self) -> "Sequence":
         return self
 

@@ -1,0 +1,185 @@
+"""Rebase (exact and splice) and background work interleaved with foreground decoding."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pykvcompact as pk
+from conftest import text_tokens
+from test_engine_basics import assert_logits_close
+
+
+def test_exact_rebase_equals_fresh_sequence(tiny_engine):
+    toks = text_tokens(tiny_engine, 300, seed=11)
+    replacement = text_tokens(tiny_engine, 40, seed=12)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(keep_prefix=20, replacement=replacement, keep_from=200)
+        assert rb.wait(timeout=30)
+        assert rb.target_len == 20 + 40 + 100
+        info = s.commit_rebase(rb)
+        expect = toks[:20] + replacement + toks[200:]
+        assert s.tokens == expect
+        assert s.pos_range() == (0, len(expect) - 1)
+        assert info["tokens_before"] == 300 and info["tokens_after"] == len(expect)
+        assert info["catch_up_tokens"] == 0 and info["mode"] == "exact"
+        with tiny_engine.sequence(expect) as fresh:
+            assert_logits_close(s.logits(), fresh.logits())
+            # and it keeps decoding like the fresh one
+            more = text_tokens(tiny_engine, 9, seed=13)
+            s.append(more)
+            fresh.append(more)
+            assert_logits_close(s.logits(), fresh.logits())
+
+
+def test_exact_rebase_catches_up_with_tokens_appended_after_prepare(tiny_engine):
+    toks = text_tokens(tiny_engine, 200, seed=14)
+    replacement = text_tokens(tiny_engine, 30, seed=15)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(10, replacement, 150)
+        late = text_tokens(tiny_engine, 25, seed=16)
+        s.append(late)             # may land before or after the preparation caught up
+        generated = s.generate(15)  # foreground decoding while the shadow catches up
+        info = s.commit_rebase(rb)
+        expect = toks[:10] + replacement + toks[150:] + late + generated
+        assert s.tokens == expect and s.pos_range() == (0, len(expect) - 1)
+        with tiny_engine.sequence(expect) as fresh:
+            assert_logits_close(s.logits(), fresh.logits())
+        assert info["tokens_after"] == len(expect)
+
+
+def test_commit_before_preparation_finishes_catches_up_in_foreground(tiny_engine):
+    toks = text_tokens(tiny_engine, 100, seed=17)
+    replacement = text_tokens(tiny_engine, 400, seed=18)  # > background_chunk: several steps
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(5, replacement, 90)
+        info = s.commit_rebase(rb)  # immediately
+        expect = toks[:5] + replacement + toks[90:]
+        assert s.tokens == expect
+        assert info["catch_up_tokens"] > 0
+        with tiny_engine.sequence(expect) as fresh:
+            assert_logits_close(s.logits(), fresh.logits())
+
+
+def test_rebase_frees_old_cells_and_slot(tiny_engine):
+    used0 = tiny_engine.used_cells()
+    live0 = tiny_engine.stats()["live_sequences"]
+    toks = text_tokens(tiny_engine, 120, seed=19)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(10, text_tokens(tiny_engine, 5), 100)
+        rb.wait(30)
+        s.commit_rebase(rb)
+        assert tiny_engine.used_cells() == used0 + 10 + 5 + 20
+        assert tiny_engine.stats()["live_sequences"] == live0 + 1
+    assert tiny_engine.used_cells() == used0
+
+
+def test_rebase_cancel_and_invalid_arguments(tiny_engine):
+    toks = text_tokens(tiny_engine, 50, seed=20)
+    with tiny_engine.sequence(toks) as s:
+        used = tiny_engine.used_cells()
+        with pytest.raises(ValueError, match="keep_prefix"):
+            s.prepare_rebase(30, [], 20)
+        with pytest.raises(ValueError, match="keep_from"):
+            s.prepare_rebase(0, [], 51)
+        with pytest.raises(ValueError, match="mode"):
+            s.prepare_rebase(0, [], 10, mode="magic")
+        rb = s.prepare_rebase(5, text_tokens(tiny_engine, 300), 40)
+        rb.cancel()
+        with pytest.raises(pk.EngineError, match="no longer pending"):
+            s.commit_rebase(rb)
+        assert s.tokens == toks and tiny_engine.used_cells() == used
+        # truncating below the mark invalidates a preparation
+        rb2 = s.prepare_rebase(5, [1, 2, 3], 40)
+        s.truncate(30)
+        with pytest.raises(pk.EngineError):
+            s.commit_rebase(rb2)
+        assert s.tokens == toks[:30]
+
+
+def test_splice_rebase_is_approximate_and_guarded(tiny_engine):
+    toks = text_tokens(tiny_engine, 120, seed=21)
+    repl = text_tokens(tiny_engine, 12, seed=22)
+    with tiny_engine.sequence(toks) as s:
+        with s.fork() as f:  # shares the tail cells: shifting them would corrupt the fork
+            rb = s.prepare_rebase(10, repl, 80, mode="splice")
+            rb.wait(30)
+            with pytest.raises(pk.UnsupportedOperationError, match="fork"):
+                s.commit_rebase(rb)
+            assert f.tokens == toks
+            rb.cancel()
+        rb = s.prepare_rebase(10, repl, 80, mode="splice")
+        rb.wait(30)
+        info = s.commit_rebase(rb)
+        expect = toks[:10] + repl + toks[80:]
+        assert s.tokens == expect and s.pos_range() == (0, len(expect) - 1)
+        assert info["mode"] == "splice"
+        with tiny_engine.sequence(expect) as fresh:
+            # The kept tail attended to the dropped history: close to, but not, a fresh prefill.
+            a, b = s.logits(), fresh.logits()
+            assert a.shape == b.shape and np.all(np.isfinite(a))
+
+
+def test_background_generation_shares_batches_with_foreground(tiny_engine):
+    prompt_a = text_tokens(tiny_engine, 50, seed=23)
+    prompt_b = text_tokens(tiny_engine, 50, seed=24)
+    with tiny_engine.sequence(prompt_a) as a, tiny_engine.sequence(prompt_b) as b, \
+            tiny_engine.sequence(prompt_b) as b_ref:
+        expected = b_ref.generate(40)
+        before = tiny_engine.stats()
+        job = b.generate_background(40)
+        fg = a.generate(60)
+        result = job.result(timeout=60)
+        after = tiny_engine.stats()
+        assert result == expected, "background greedy differs from foreground greedy"
+        assert b.tokens == prompt_b + expected
+        assert after["mixed_batches"] > before["mixed_batches"]
+        assert job.mixed_steps > 0
+        assert after["rows"]["background"] - before["rows"]["background"] >= len(result)
+        assert len(fg) > 0
+
+
+def test_background_prefill_bounded_per_step(tiny_model_path):
+    with pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4, background_chunk=16) as eng:
+        with eng.sequence(text_tokens(eng, 20)) as a, eng.sequence(text_tokens(eng, 5)) as b:
+            job = b.append_background(text_tokens(eng, 400, seed=3))
+            a.generate(30)
+            job.result(timeout=60)
+            st = eng.stats()
+            assert st["rows"]["background"] == 400
+            # 400 background rows in chunks of <= 16: at least 25 decode steps carried them
+            assert st["decode_calls"] >= 25
+            assert len(b) == 405
+
+
+def test_cancel_background_job(tiny_engine):
+    with tiny_engine.sequence(text_tokens(tiny_engine, 30)) as s:
+        job = s.generate_background(1500)
+        time.sleep(0.05)
+        job.cancel()
+        out = job.result(timeout=30)
+        assert job.finish_reason in ("cancelled", "length", "stop", "context_full")
+        assert job.finish_reason == "cancelled" or len(out) < 1500
+        assert s.tokens[30:] == out
+        s.append([5])  # the sequence is usable again
+
+
+def test_stream_close_cancels(tiny_engine):
+    with tiny_engine.sequence(text_tokens(tiny_engine, 30)) as s:
+        it = s.stream(500)
+        got = [next(it) for _ in range(3)]
+        it.close()
+        assert s.tokens[:33] == s.tokens[:30] + got
+        s.append([7])
+
+
+def test_sequence_busy_while_job_runs(tiny_engine):
+    with tiny_engine.sequence(text_tokens(tiny_engine, 30)) as s:
+        job = s.generate_background(1500)
+        with pytest.raises(pk.SequenceBusyError):
+            s.append([1])
+        job.cancel()
+        job.result(timeout=30)
