@@ -228,3 +228,47 @@ def is_safe_cut(text: str, pos: int, special_re=SPECIAL_RE) -> bool:
 
 __all__ = ["ChatTemplate", "CHATML_TEMPLATE", "TemplateError", "tools_block", "common_prefix_len",
            "is_safe_cut", "SPECIAL_RE"]
+
+
+def read_gguf_metadata(path, keys=None) -> dict:
+    """Key/value metadata from the head of a GGUF file (or the first part of a split one) without mapping
+    the tensors: ``read_gguf_metadata(path, {"tokenizer.chat_template"})``. Token arrays are skipped
+    unless asked for."""
+    import struct
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    with open(path, "rb") as f:
+        def rd(fmt):
+            n = struct.calcsize(fmt)
+            return struct.unpack("<" + fmt, f.read(n))[0]
+
+        def rstr():
+            return f.read(rd("Q")).decode("utf-8", "replace")
+
+        def rval(t, keep=True):
+            if t in scalar:
+                return rd(scalar[t])
+            if t == 8:
+                return rstr()
+            if t == 9:
+                et, n = rd("I"), rd("Q")
+                if not keep and et in scalar:
+                    f.seek(n * struct.calcsize(scalar[et]), 1)
+                    return None
+                return [rval(et, keep) for _ in range(n)]
+            raise ValueError(f"bad GGUF value type {t}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        rd("I")
+        rd("Q")
+        nkv = rd("Q")
+        out = {}
+        for _ in range(nkv):
+            k = rstr()
+            t = rd("I")
+            want = keys is None or k in keys
+            v = rval(t, keep=want and (keys is not None or t != 9))
+            if want:
+                out[k] = v
+        return out

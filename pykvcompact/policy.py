@@ -25,15 +25,20 @@ Cells.  With ``kv_unified`` the engine's ``n_ctx`` is one pool shared by every s
 not the whole pool: the session's forks need room too.  :func:`reserve_cells` says how much, and
 :func:`resolve_window` picks the largest window that fits (or rejects one that cannot).
 
-Restart rule (background mode).  The prepared (shadow) context holds ``prefix + summary + raw tail``,
-where the raw tail is everything after the mark, and it keeps growing as the conversation goes on.  Its
-cells are reserved up front as ``summary budget + (keep_recent + hard - soft) x window`` — the tail kept
-raw at the mark plus the growth from ``soft`` to ``hard``.  The shadow coexists with a live sequence of at
-most ``hard`` x window, so it may also use the headroom above ``hard``: its limit is that budget +
-``(1 - hard)`` x window.  When ``summary + raw tail`` outgrows the limit (one huge tool result, or a long
-stretch without reaching ``hard``) the prepared summary no longer helps enough and would not fit: the
-preparation is cancelled and restarts from a new mark at the current end — provided the current history
-allows a later mark than the old one (:func:`needs_restart`; the session checks the later mark).  After any commit the fill is below ``soft`` unless the kept tail itself is large.
+Restart rule (background mode).  A preparation summarizes the history up to its mark; everything after
+the mark is carried raw, and that raw tail keeps growing while the preparation waits for a COMPRESS
+verdict or ``hard``.  The prepared context is ``prefix + summary + raw tail``.  The preparation is
+cancelled and restarted from a new mark at the current end (:func:`needs_restart`) when
+
+- committing it would no longer bring the fill below ``soft`` (``prefix + summary + tail >= soft x
+  window``): the raw tail alone has grown too large for the prepared summary to help; or
+- the shadow (``summary + tail``; its prefix cells are shared) outgrows the cells reserved for it,
+  ``summary budget + (keep_recent + hard - soft) x window`` plus the headroom above ``hard`` (the shadow
+  coexists with a live sequence of at most ``hard`` x window): ``(1 - hard) x window``;
+
+and only if the current history allows a later mark whose prepared context would be back below ``soft``
+(the session checks that), so a restart always summarizes more and never churns.  Before the summary is ready its size is taken as ``summary_max_tokens``.
+The summary messages' own template tokens count as ``SUMMARY_MESSAGE_OVERHEAD``.
 """
 from __future__ import annotations
 
@@ -100,8 +105,8 @@ class Policy:
             raise ValueError(f"Policy.probe_every must be a positive int, got {self.probe_every!r}")
         if not isinstance(self.summary_max_tokens, int) or self.summary_max_tokens < 8:
             raise ValueError(f"Policy.summary_max_tokens must be an int >= 8, got {self.summary_max_tokens!r}")
-        if not isinstance(self.rubric, str) or not self.rubric.strip():
-            raise ValueError("Policy.rubric must be a rubric name or the rubric text")
+        from . import rubrics
+        rubrics.load(self.rubric)  # ValueError for an unknown name
         if self.chunk_tokens < 1:
             raise ValueError("Policy.chunk_tokens must be >= 1")
         if self.summary_retries < 0:
@@ -303,12 +308,19 @@ def preparation_due(p: Policy, lim: Limits, tokens: int) -> bool:
     return p.mode == "background" and tokens >= lim.soft
 
 
-def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: int) -> bool:
-    """Restart rule (module docstring): the shadow's summary + raw tail outgrew its reserved budget."""
+def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: int, prefix_tokens: int = 0,
+                  overhead: int = SUMMARY_MESSAGE_OVERHEAD) -> str:
+    """Restart rule (module docstring). Returns the reason ("" when the preparation still helps):
+    ``"tail_outgrew_soft"`` or ``"tail_outgrew_budget"``. ``overhead``: template tokens of the summary
+    message not counted in ``summary_tokens`` (0 when ``summary_tokens`` is the rendered message)."""
     if p.mode != "background":
-        return False
-    limit = shadow_budget(p, window) + math.floor((1.0 - p.hard) * window)
-    return summary_tokens + SUMMARY_MESSAGE_OVERHEAD + tail_tokens > limit
+        return ""
+    shadow = summary_tokens + overhead + tail_tokens
+    if prefix_tokens + shadow >= math.floor(p.soft * window):
+        return "tail_outgrew_soft"
+    if shadow > shadow_budget(p, window) + math.floor((1.0 - p.hard) * window):
+        return "tail_outgrew_budget"
+    return ""
 
 
 def probe_due(p: Policy, *, generated_since_probe: int = 0, after_tool_result: bool = False) -> bool:

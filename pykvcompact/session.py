@@ -33,7 +33,7 @@ from . import compaction_tool, events as ev
 from . import rubrics as _rubrics
 from .chat_template import ChatTemplate, common_prefix_len, is_safe_cut
 from .history import HistoryFile, check_session_id
-from .policy import (Limits, MsgInfo, Policy, choose_mark, drop_plan, needs_restart, preparation_due, probe_due,
+from .policy import (SUMMARY_MESSAGE_OVERHEAD, Limits, MsgInfo, Policy, choose_mark, drop_plan, needs_restart, preparation_due, probe_due,
                      resolve_window, sync_due, tool_allowed, verdict)
 from .summarizer import Summarizer, fallback_summary, summarizer_request, summary_message
 from .tool_calls import parse_tool_calls
@@ -238,21 +238,21 @@ class Session:
         self.limits: Limits = policy.limits(self.window)
         self._probe_est, self._summ_est = probe_est, summ_est
 
+        # the system prompt (with the tool definitions) must leave room for work: check before prefilling it
+        first = [{"role": "system", "content": system}] if system is not None else [{"role": "user", "content": ""}]
+        base = len(self._tok(self._render(first)))
+        trig = self.limits.trigger(policy.mode)
+        need = base + self.limits.keep_recent + (policy.summary_max_tokens if policy.summarizes else 0)
+        if base >= trig or (policy.summarizes and need > self.limits.hard + self.limits.keep_recent):
+            raise ValueError(
+                f"window={self.window} is too small: the system prompt and tool definitions take {base} tokens; "
+                f"with keep_recent and a summary of up to {policy.summary_max_tokens} tokens the session needs "
+                f"a window of at least {int(need / max(policy.hard, 1e-9)) + 1}")
         self._seq = engine.sequence()
         try:
             if system is not None:
                 self._append_message({"role": "system", "content": system}, check_room=False)
                 self._n_prefix = 1
-            else:  # the tool header (if any) is rendered with the first message
-                pass
-            base = len(self._seq)
-            trig = self.limits.trigger(policy.mode)
-            need = base + self.limits.keep_recent + (policy.summary_max_tokens if policy.summarizes else 0)
-            if base >= trig or (policy.summarizes and need > self.limits.hard + self.limits.keep_recent):
-                raise ValueError(
-                    f"window={self.window} is too small: the system prompt and tool definitions take {base} tokens; "
-                    f"with keep_recent and a summary of up to {policy.summary_max_tokens} tokens the session needs "
-                    f"a window of at least {int(need / max(policy.hard, 1e-9)) + 1}")
         except BaseException:
             self.close()
             raise
@@ -593,9 +593,13 @@ class Session:
     def _fallback_text(self, mark: int, reason: str) -> str:
         msgs = [l.msg for l in self._live[self._n_prefix:mark]]
         # bounded by the summary budget
-        text = fallback_summary(msgs, reason=reason, max_chars=self.policy.summary_max_tokens * 3)
+        text = fallback_summary(msgs, reason=reason, max_chars=self.policy.summary_max_tokens * 6)
+        lines = text.split("\n")
+        while len(lines) > 2 and len(self._tok("\n".join(lines))) > self.policy.summary_max_tokens:
+            lines.pop()  # least important last
+        text = "\n".join(lines)
         while len(self._tok(text)) > self.policy.summary_max_tokens and len(text) > 40:
-            text = text[: int(len(text) * 0.8)] + "…"
+            text = text[: int(len(text) * 0.85)] + "…"
         return text
 
     def _run_attempts_sync(self, mark: int, mark_tok: int, instructions: Optional[str]):
@@ -788,13 +792,38 @@ class Session:
         self._emit(ev.SummaryStarted(mark, p.mark_tok, background=True, reason=reason))
         return True
 
+    def _restart_if_needed(self) -> bool:
+        """Apply the restart rule (policy.needs_restart); True when the preparation was restarted."""
+        p = self._prep
+        known = p.repl is not None
+        summary = len(p.repl) if known else self.policy.summary_max_tokens
+        why = needs_restart(self.policy, self.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
+                            tail_tokens=len(self._seq) - p.mark_tok, overhead=0 if known else SUMMARY_MESSAGE_OVERHEAD)
+        if not why:
+            return False
+        m = self._choose_mark()
+        if m is None or m <= p.mark:
+            return False
+        est = needs_restart(self.policy, self.window, summary_tokens=self.policy.summary_max_tokens,
+                            prefix_tokens=p.prefix_tok, tail_tokens=len(self._seq) - self._mark_tok(m))
+        if est:  # a new mark would not help either: keep the preparation we have
+            return False
+        trig = p.commit_trigger
+        self._cancel_prep(why)
+        if self._start_prep("restart") and trig:
+            self._prep.commit_trigger = trig
+        return True
+
     def _advance_prep(self, block: bool = False):
-        """Move the preparation forward: summary done -> build the replacement -> prepare_rebase."""
+        """Move the preparation forward: summary done -> build the replacement -> prepare_rebase; apply
+        the restart rule."""
         p = self._prep
         while p is not None and p.stage == "summarizing":
             a = p.attempt
             done = a.wait() if block else (a.poll() or a.timed_out)
             if not done:
+                if not block:
+                    self._restart_if_needed()
                 return
             text, reason = a.outcome()
             if reason == "timeout":
@@ -828,21 +857,13 @@ class Session:
                                        attempts=p.attempts))
         if p is None:
             return
-        # restart rule: the raw tail outgrew the shadow's budget
-        tail = len(self._seq) - p.mark_tok
-        if needs_restart(self.policy, self.window, summary_tokens=len(p.repl) if p.repl is not None
-                         else self.policy.summary_max_tokens, tail_tokens=tail) and \
-                (self._choose_mark() or 0) > p.mark:
-            trig = p.commit_trigger
-            self._cancel_prep("tail_outgrew_budget")
-            if self._start_prep("restart") and trig:
-                self._prep.commit_trigger = trig
+        if self._restart_if_needed():
             return
         if p.stage == "ready":
             try:
                 p.rb = self._seq.prepare_rebase(p.prefix_tok, p.repl, p.mark_tok, mode=self.policy.rebase)
                 p.stage = "rebasing"
-            except _engine_error_types() as e:  # no slot/cells now: commit will rebase synchronously
+            except _engine_error_types():  # no slot/cells now: the commit will rebase synchronously
                 p.rb = None
 
     def _tick(self):
@@ -1081,6 +1102,9 @@ class Session:
         view = {"role": "assistant", "content": raw}
         self._append_message(msg, view, from_partial=True)
         yield from self._drain()
+        if probe_due(self.policy, generated_since_probe=self._gen_since_probe):
+            self._probe("interval")
+            yield from self._drain()
         self._tick()
         yield from self._drain()
         return msg, finish, len(p.tokens)

@@ -78,21 +78,22 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
         for p in _PATH_RE.findall(m.get("content") or ""):
             if p not in paths:
                 paths.append(p)
-    lines = ["(Automatic summary built without the model" + (f": the summarizer failed ({reason})" if reason else "")
+    lines = ["(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
              + ".)"]
-    lines.append("Goal: " + (_clip(users[0].get("content", ""), 300) if users else "none stated") )
+    if users:
+        lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
     counts = ", ".join(f"{v} {k}" for k, v in sorted(roles.items()))
     lines.append(f"Summarized messages: {sum(roles.values())} ({counts or 'none'}).")
     if tools:
         lines.append("Tools called: " + ", ".join(f"{k} x{v}" for k, v in tools.most_common()) + ".")
+    if users and len(users) > 1:
+        lines.append("First user request: " + _clip(users[0].get("content", ""), 300))
     if paths:
         lines.append("Files mentioned: " + ", ".join(paths[:12]) + ".")
     if earlier:
         body = earlier[-1].get("content", "")
         body = body.split("\n\n", 1)[1] if "\n\n" in body else body
         lines.append("Earlier summary: " + _clip(body, 600))
-    if users:
-        lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
     last_asst = [m for m in messages if m.get("role") == "assistant" and m.get("content")]
     if last_asst:
         lines.append("Last assistant reply: " + _clip(last_asst[-1]["content"], 300))

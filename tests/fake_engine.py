@@ -117,8 +117,14 @@ class FakeSeq:
     def _gen(self, max_tokens, stop, kind):
         self._live()
         text = self.engine.detokenize(self._tokens)
-        reply = self.engine.responder(text)
+        head = "<|im_start|>assistant\n"
+        k = text.rfind(head)
+        base = text[:k + len(head)] if k >= 0 else text
+        done = text[len(base):]  # a reply generated in earlier chunks: continue it
+        reply = self.engine.responder(base)
         toks = self.engine.tokenize(reply + EOG_TEXT)
+        if done and reply.startswith(done):
+            toks = toks[len(self.engine.tokenize(done)):]
         out = []
         finish = "length"
         stop_strings = [s for s in (stop or ()) if isinstance(s, str)]
