@@ -34,12 +34,13 @@ def tool_names(tools: Optional[Sequence[dict]]) -> Optional[set]:
     return out
 
 
-def _loads(s: str):
+def _loads(s: str, strict: bool = False):
     s = s.strip()
     try:
         return json.loads(s)
     except ValueError:
-        pass
+        if strict:
+            return None
     # tolerate trailing junk after a complete object (e.g. a stray "}" or text)
     dec = json.JSONDecoder()
     try:
@@ -107,7 +108,7 @@ def parse_tool_calls(text: str, tools: Optional[Sequence[dict]] = None) -> Tuple
     if fm:
         body = fm.group(1).strip()
     if body[:1] in "{[":
-        obj = _loads(body)
+        obj = _loads(body, strict=True)
         if obj is not None:
             calls = _calls_from(obj, names)
             if calls:

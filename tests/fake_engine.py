@@ -227,7 +227,8 @@ class FakeSeq:
 class FakeEngine:
     def __init__(self, n_ctx=4096, n_seq_max=8, responder: Optional[Callable[[str], str]] = None,
                  probe_fn: Optional[Callable[[str], float]] = None, chat_template: Optional[str] = None,
-                 can_shift=True, bg_polls=0):
+                 can_shift=True, bg_polls=0, tokenizer=None):
+        self.tokenizer = tokenizer  # a real pk.Engine: its tokenizer, fake sequences (no decoding)
         self._vocab: Dict[str, int] = {}
         self._pieces: List[str] = []
         self._ids = itertools.count()
@@ -246,8 +247,8 @@ class FakeEngine:
         self.bg_polls = bg_polls
         self.fail_background = False
         self.model_name = "fake"
-        self.token_eos = self._id(EOG_TEXT)
-        self.token_bos = -1
+        self.token_eos = tokenizer.token_eos if tokenizer is not None else self._id(EOG_TEXT)
+        self.token_bos = tokenizer.token_bos if tokenizer is not None else -1
         self.metadata = {}
 
     def _id(self, piece):
@@ -257,15 +258,23 @@ class FakeEngine:
         return self._vocab[piece]
 
     def tokenize(self, text, *, add_special=False, parse_special=True):
+        if self.tokenizer is not None:
+            return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
         return [self._id(p) for p in _TOK_RE.findall(text)]
 
     def detokenize(self, tokens):
+        if self.tokenizer is not None:
+            return self.tokenizer.detokenize(tokens)
         return "".join(self._pieces[t] for t in tokens)
 
     def token_to_piece(self, t):
+        if self.tokenizer is not None:
+            return self.tokenizer.token_to_piece(t)
         return self._pieces[t]
 
     def is_eog(self, t):
+        if self.tokenizer is not None:
+            return self.tokenizer.is_eog(t)
         return self._pieces[t] == EOG_TEXT
 
     def sequence(self, tokens=()):
