@@ -131,7 +131,9 @@ PYBIND11_MODULE(_native, m) {
             const auto rope = llama_model_rope_type(mdl);
             d["mrope"] = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE;
             d["truncate"] = !(llama_model_is_recurrent(mdl) || llama_model_is_hybrid(mdl));
-            py::list modes; modes.append("exact"); if (e.can_shift()) modes.append("splice");
+            py::list modes; modes.append("exact");
+            // splice removes a middle range and shifts positions: attention-only memories with shifting
+            if (e.can_shift() && !e.recurrent_state()) modes.append("splice");
             d["rebase_modes"] = py::tuple(modes);
             d["kv_unified"] = true;
             for (auto & [k, v] : e.capabilities_strings()) d[py::str(k)] = v;

@@ -34,7 +34,9 @@ def tiny_model_path(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_path):
-    eng = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=8, seed=0)
+    # Flash attention off: its half-precision accumulation would hide small exactness errors
+    # (see ATOL in test_engine_basics.py); the default configuration is tested on its own.
+    eng = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=8, seed=0, flash_attn=False)
     yield eng
     eng.close()
 
@@ -72,5 +74,9 @@ def text_tokens(engine, n: int, seed: int = 0) -> list[int]:
     import random
 
     rng = random.Random(seed)
-    base = engine.tokenize("The quick brown fox jumps over the lazy dog while seven wizards count apples in a quiet library. ")
+    base = engine.tokenize(
+        "The quick brown fox jumps over the lazy dog while seven wizards count apples in a quiet library. "
+        "Meanwhile, a curious engineer measured latency, throughput and memory on twelve noisy machines; "
+        "results varied: 3.14 ms, 42 tokens, 1024 cells. Summaries must keep verified facts, open items, "
+        "decisions and their reasons, files touched (src/main.cpp, README.md) and the next step.")
     return [base[rng.randrange(len(base))] for _ in range(n)]

@@ -183,3 +183,20 @@ def test_sequence_busy_while_job_runs(tiny_engine):
             s.append([1])
         job.cancel()
         job.result(timeout=30)
+
+
+def test_exact_rebase_with_default_attention_kernels(tiny_model_path):
+    """The engine's default configuration (flash attention as llama.cpp decides): same contract, with
+    the looser tolerance of half-precision accumulation; the next greedy tokens must agree."""
+    from test_engine_basics import FLASH_ATOL
+
+    with pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4) as eng:
+        toks = text_tokens(eng, 300, seed=31)
+        repl = text_tokens(eng, 40, seed=32)
+        with eng.sequence(toks) as s:
+            rb = s.prepare_rebase(20, repl, 200)
+            s.append(text_tokens(eng, 10, seed=33))
+            s.commit_rebase(rb)
+            with eng.sequence(s.tokens) as fresh:
+                assert_logits_close(s.logits(), fresh.logits(), atol=FLASH_ATOL)
+                assert s.generate(8) == fresh.generate(8)

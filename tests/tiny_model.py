@@ -121,7 +121,7 @@ def make_tiny_gguf(
 ) -> pathlib.Path:
     """Write a random-weight float32 llama-architecture GGUF to ``path`` and return it.
 
-    Weights are ``normal * 0.02`` from ``numpy.random.default_rng(seed)``, norms are 1. The tokenizer
+    Weights are ``normal * gain / sqrt(fan_in)`` from ``numpy.random.default_rng(seed)``, norms are 1. The tokenizer
     (every ``tokenizer.ggml.*`` key and the chat template) is copied from ``tokenizer_source``
     (default SmolLM2-135M). The file is written to a temp name and renamed, so concurrent writers of
     the same path never expose a partial file.
@@ -136,14 +136,18 @@ def make_tiny_gguf(
     head_dim = n_embd // n_head
     rng = np.random.default_rng(seed)
 
-    def rand(*shape: int) -> np.ndarray:
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+    def rand(*shape: int, gain: float = 1.0) -> np.ndarray:
+        # std gain/sqrt(fan_in): activations keep unit scale through the layers, so attention is
+        # peaked and every context token moves the logits (with a flat 0.02 init the model ignored
+        # all but the last token, and exactness tests could not see a wrong middle of the context).
+        fan_in = shape[-1]
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(gain / np.sqrt(fan_in))
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
     # numpy shapes are ggml's ne reversed: ne = [n_in, n_out] -> array (n_out, n_in).
-    tensors: List[Tuple[str, np.ndarray]] = [("token_embd.weight", rand(n_vocab, n_embd))]
+    tensors: List[Tuple[str, np.ndarray]] = [("token_embd.weight", rand(n_vocab, n_embd, gain=np.sqrt(n_embd)))]
     for i in range(n_layer):
         b = f"blk.{i}."
         tensors += [
