@@ -142,7 +142,9 @@ class Limits:
     @classmethod
     def of(cls, p: Policy, window: int) -> "Limits":
         hard = max(1, math.floor(p.hard * window))
-        min_span = p.min_summary_span if p.min_summary_span is not None else max(32, p.summary_max_tokens // 4)
+        # a summary must cover clearly more than the summary message costs, or compacting gains nothing
+        min_span = p.min_summary_span if p.min_summary_span is not None else \
+            max(64, p.summary_max_tokens // 2 + SUMMARY_MESSAGE_OVERHEAD // 2)
         return cls(window=window, hard=hard, soft=math.floor(p.soft * window),
                    fixed=max(1, math.floor(p.fixed_at * window)),
                    keep_recent=math.ceil(p.keep_recent * window),

@@ -645,6 +645,9 @@ class Session:
         text, ntok, attempts, fb = self._run_attempts_sync(mark, mark_tok, instructions)
         self._emit(ev.SummaryReady(ntok, (time.perf_counter() - t0) * 1000.0, fallback=fb, attempts=attempts))
         msg, view, r_text, repl = self._summary_parts(text, fb)
+        if len(repl) >= mark_tok - self._prefix_tok():  # the summary is not smaller than what it replaces
+            self._emit(ev.PreparationRestarted("no_gain", mark, len(self._seq) - mark_tok))
+            return None
         return self._swap(mark, msg, view, r_text, repl, trigger=trigger, t0=t0, prepared=False)
 
     def _offload(self, lives: Sequence[_Live], reason: str):
@@ -902,6 +905,9 @@ class Session:
             p = self._prep
             if p is None:
                 return None
+        if len(p.repl) >= p.mark_tok - p.prefix_tok:  # the summary is not smaller than what it replaces
+            self._cancel_prep("no_gain")
+            return None
         self._prep = None
         return self._swap(p.mark, p.msg, p.msg_view, p.r_text, p.repl, trigger=trigger, t0=t0, prepared=prepared,
                           rb=p.rb)

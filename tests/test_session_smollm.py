@@ -17,7 +17,7 @@ def filler(i: int) -> str:
     return f"Step {i}. Here is the output of the last command:\n{rows}\nWhat is the value in row {i}.3? Answer briefly."
 
 
-def run(engine, mode, tmp_path, turns=16, **kw):
+def run(engine, mode, tmp_path, turns=12, **kw):
     kw.setdefault("summary_max_tokens", 48)
     kw.setdefault("probe_every", 10_000)
     kw.setdefault("compact_tool", False)
@@ -61,7 +61,7 @@ def test_every_mode_crosses_the_window_and_keeps_answering(mode, smollm_engine, 
 
 def test_background_swap_generates_no_summary_token_on_the_main_path(smollm_engine, tmp_path):
     # the model may say COMPRESS at any probe; probes are off here so that the swaps happen at `hard`
-    s, answers, st0, usage = run(smollm_engine, "background", tmp_path, turns=18)
+    s, answers, st0, usage = run(smollm_engine, "background", tmp_path, turns=14)
     try:
         st1 = smollm_engine.stats()
         reb = [e for e in s.events if e.name == "rebased"]
@@ -82,7 +82,7 @@ def test_background_swap_generates_no_summary_token_on_the_main_path(smollm_engi
 
 
 def test_hard_mode_stall_is_the_synchronous_summary(smollm_engine, tmp_path):
-    s, _, _, _ = run(smollm_engine, "hard", tmp_path, turns=12)
+    s, _, _, _ = run(smollm_engine, "hard", tmp_path, turns=8)
     try:
         reb = [e for e in s.events if e.name == "rebased"]
         assert reb and not any(e.prepared for e in reb)
