@@ -196,7 +196,7 @@ def threading_thread(fn):
     return t
 
 
-def test_process_survives_everything_above_in_a_subprocess(tiny_model_path):
+def test_process_survives_everything_above_in_a_subprocess(tiny_model_path, tmp_path):
     """A GGML assert would abort the process: run the nastiest calls in a child and check it exits 0."""
     code = f"""
 import pykvcompact as pk
@@ -216,6 +216,8 @@ try: eng.sequence()
 except pk.SlotsExhaustedError: pass
 print("alive", s.generate(3) is not None)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # cwd outside the checkout: `python -c` puts cwd first on sys.path, and the source tree has no
+    # compiled module; the child must import the installed package like the test process does.
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "alive True" in r.stdout
