@@ -19,7 +19,9 @@ Modes (``Policy.mode``):
 ``background`` (default)
     ``rubric`` plus: from ``soft`` fill a summary is prepared in the background from a snapshot mark and
     the rebased context is prefilled with ``prepare_rebase``; a COMPRESS verdict, the compaction tool or
-    reaching ``hard`` commits it.
+    reaching ``hard`` commits it.  If the summary is still being written when ``hard`` is reached, the
+    session keeps going in the headroom between ``hard`` and the window and commits as soon as it is
+    ready; only if the window itself is about to be exceeded does it wait for the summary.
 
 Cells.  With ``kv_unified`` the engine's ``n_ctx`` is one pool shared by every sequence, so the window is
 not the whole pool: the session's forks need room too.  :func:`reserve_cells` says how much, and
@@ -33,8 +35,7 @@ cancelled and restarted from a new mark at the current end (:func:`needs_restart
 - committing it would no longer bring the fill below ``soft`` (``prefix + summary + tail >= soft x
   window``): the raw tail alone has grown too large for the prepared summary to help; or
 - the shadow (``summary + tail``; its prefix cells are shared) outgrows the cells reserved for it,
-  ``summary budget + (keep_recent + hard - soft) x window`` plus the headroom above ``hard`` (the shadow
-  coexists with a live sequence of at most ``hard`` x window): ``(1 - hard) x window``;
+  ``summary budget + (keep_recent + 1 - soft) x window``;
 
 and only if the current history allows a later mark whose prepared context would be back below ``soft``
 (the session checks that), so a restart always summarizes more and never churns.  Before the summary is ready its size is taken as ``summary_max_tokens``.
@@ -163,8 +164,8 @@ class Limits:
 def shadow_budget(p: Policy, window: int) -> int:
     """Cells reserved for the prepared (shadow) context beyond the shared prefix: summary + raw tail."""
     tail = math.ceil(p.keep_recent * window)
-    if p.mode == "background":
-        tail += math.ceil(max(0.0, p.hard - p.soft) * window)
+    if p.mode == "background":  # the tail grows from the mark (at soft) up to the full window
+        tail += math.ceil(max(0.0, 1.0 - p.soft) * window)
     else:
         # synchronous modes cut at the trigger, leaving keep_recent raw (+ one message of slack)
         tail += math.ceil(0.05 * window)
@@ -320,7 +321,7 @@ def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: i
     shadow = summary_tokens + overhead + tail_tokens
     if prefix_tokens + shadow >= math.floor(p.soft * window):
         return "tail_outgrew_soft"
-    if shadow > shadow_budget(p, window) + math.floor((1.0 - p.hard) * window):
+    if shadow > shadow_budget(p, window):
         return "tail_outgrew_budget"
     return ""
 

@@ -542,11 +542,15 @@ class Session:
         if self.policy.mode == "none":
             return True
         if sync_due(self.policy, self.limits, after):
-            return self._choose_mark() is None and not self._prep_ready_to_commit()
+            p = self._prep
+            if p is not None and self.policy.mode == "background":
+                # a summary still being written: use the headroom above `hard`; wait only at the window
+                return p.stage == "summarizing" and after <= self.window - self._margin()
+            return self._choose_mark() is None
         return True
 
-    def _prep_ready_to_commit(self) -> bool:
-        return self._prep is not None and self.policy.mode == "background"
+    def _margin(self) -> int:
+        return self.policy.chunk_tokens + 8
 
     def _make_room(self, after_fn: Callable[[], int]) -> bool:
         """Compact (or drop) so that ``after_fn()`` tokens fit. False when impossible."""
@@ -883,6 +887,8 @@ class Session:
         p = self._prep
         if p is not None and p.commit_trigger and p.stage == "rebasing" and p.rb is not None and p.rb.done():
             self._commit_prepared(p.commit_trigger)
+        elif p is not None and p.stage != "summarizing" and len(self._seq) >= self.limits.hard:
+            self._commit_prepared("hard")  # ready now, after running in the headroom above hard
 
     def _commit_prepared(self, trigger: str, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()

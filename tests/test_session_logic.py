@@ -390,3 +390,21 @@ def test_hypothesis_transcript_is_offloaded_plus_live_and_tail_never_splits_tool
     assert eng.max_used <= eng.n_ctx
     s.close()
     assert eng.used_cells() == 0
+
+
+def test_background_uses_the_headroom_above_hard_while_the_summary_is_written(tmp_path):
+    eng, s = make("background", tmp_path=tmp_path)
+    eng.bg_polls = 6  # a summary needs a few engine steps: not ready when `hard` is reached
+    for i in range(40):
+        s.chat(user_msg(i), max_tokens=24)
+        assert len(s.tokens) <= s.window
+    reb = [e for e in s.events if e.name == "rebased"]
+    assert reb and any(e.tokens_before > s.limits.hard for e in reb)  # went on above hard...
+    assert all(e.prepared for e in reb)                               # ...and never waited for a summary
+    eng.bg_polls = 10 ** 6  # a summary that never comes in time: wait only at the window's edge
+    for i in range(40, 60):
+        s.chat(user_msg(i), max_tokens=24)
+        assert len(s.tokens) <= s.window
+    late = [e for e in s.events if e.name == "rebased"][len(reb):]
+    assert late and all(e.tokens_before >= s.window - s._margin() - 40 for e in late)
+    check_invariants(s)
