@@ -32,13 +32,15 @@ the mark is carried raw, and that raw tail keeps growing while the preparation w
 verdict or ``hard``.  The prepared context is ``prefix + summary + raw tail``.  The preparation is
 cancelled and restarted from a new mark at the current end (:func:`needs_restart`) when
 
-- committing it would no longer bring the fill below ``soft`` (``prefix + summary + tail >= soft x
+- committing it would no longer bring the fill below ``hard`` (``prefix + summary + tail >= hard x
   window``): the raw tail alone has grown too large for the prepared summary to help; or
 - the shadow (``summary + tail``; its prefix cells are shared) outgrows the cells reserved for it,
   ``summary budget + (keep_recent + 1 - soft) x window``;
 
-and only if the current history allows a later mark whose prepared context would be back below ``soft``
-(the session checks that), so a restart always summarizes more and never churns.  Before the summary is ready its size is taken as ``summary_max_tokens``.
+and only if the current history allows a later mark whose prepared context would pass both checks (the
+session checks that), so a restart always summarizes more and never churns.  A restart throws away work
+in progress, so the rule is deliberately loose: a prepared context that lands between ``soft`` and
+``hard`` is still committed (a new preparation then starts at once).  Before the summary is ready its size is taken as ``summary_max_tokens``.
 The summary messages' own template tokens count as ``SUMMARY_MESSAGE_OVERHEAD``.
 """
 from __future__ import annotations
@@ -314,13 +316,13 @@ def preparation_due(p: Policy, lim: Limits, tokens: int) -> bool:
 def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: int, prefix_tokens: int = 0,
                   overhead: int = SUMMARY_MESSAGE_OVERHEAD) -> str:
     """Restart rule (module docstring). Returns the reason ("" when the preparation still helps):
-    ``"tail_outgrew_soft"`` or ``"tail_outgrew_budget"``. ``overhead``: template tokens of the summary
+    ``"tail_outgrew_hard"`` or ``"tail_outgrew_budget"``. ``overhead``: template tokens of the summary
     message not counted in ``summary_tokens`` (0 when ``summary_tokens`` is the rendered message)."""
     if p.mode != "background":
         return ""
     shadow = summary_tokens + overhead + tail_tokens
-    if prefix_tokens + shadow >= math.floor(p.soft * window):
-        return "tail_outgrew_soft"
+    if prefix_tokens + shadow >= math.floor(p.hard * window):
+        return "tail_outgrew_hard"
     if shadow > shadow_budget(p, window):
         return "tail_outgrew_budget"
     return ""

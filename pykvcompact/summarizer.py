@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections import Counter
 from typing import Callable, List, Optional, Sequence
@@ -138,6 +139,9 @@ class Attempt:
         self._prefill = None
         self._gen = None
         self._done = False
+        self._chain = None
+        self._chain_error = None
+        self._cancelled = False
         try:
             if fault == "exception":
                 raise RuntimeError("injected summarizer fault")
@@ -146,7 +150,12 @@ class Attempt:
                 try:
                     self._gen = fork.generate_background(max_tokens, temperature=0.0)
                 except Exception:
-                    self._gen = None  # started by poll() once the prefill is done
+                    # the engine runs one job per sequence: start the generation as soon as the prefill is
+                    # done, from a helper thread (so no foreground step is needed to move it along)
+                    self._gen = None
+                    self._chain = threading.Thread(target=self._chain_generate, daemon=True,
+                                                   name="pykvcompact-summary")
+                    self._chain.start()
             else:
                 fork.append(list(prompt_tokens))
                 self.tokens = list(fork.generate(max_tokens, temperature=0.0))
@@ -155,6 +164,14 @@ class Attempt:
         except Exception as e:  # noqa: BLE001 - any failure is a summarizer failure
             self.error = e
             self._finish()
+
+    def _chain_generate(self):
+        try:
+            self._prefill.result()
+            if not self._cancelled:
+                self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
+        except Exception as e:  # noqa: BLE001 - reported by poll()
+            self._chain_error = e
 
     def _finish(self):
         self._done = True
@@ -173,6 +190,12 @@ class Attempt:
         if self._done:
             return True
         try:
+            if self._chain is not None:
+                if self._chain.is_alive():
+                    return False
+                self._chain = None
+                if self._chain_error is not None:
+                    raise self._chain_error
             if self._gen is None:
                 if self._prefill is not None and not self._prefill.done():
                     return False
@@ -212,6 +235,9 @@ class Attempt:
         return True
 
     def cancel(self):
+        self._cancelled = True
+        if self._chain is not None:
+            self._chain.join(timeout=5)
         for j in (self._gen, self._prefill):
             try:
                 if j is not None and not j.done():

@@ -125,6 +125,7 @@ def test_thresholds_and_verdicts():
 def test_restart_rule():
     p = pk.Policy(window=1000, summary_max_tokens=100)
     assert P.needs_restart(p, 1000, summary_tokens=100, tail_tokens=100, prefix_tokens=50) == ""
-    assert P.needs_restart(p, 1000, summary_tokens=100, tail_tokens=450, prefix_tokens=50) == "tail_outgrew_soft"
-    assert P.needs_restart(p.with_(soft=0.84), 1000, summary_tokens=100, tail_tokens=500) == "tail_outgrew_budget"
+    assert P.needs_restart(p, 1000, summary_tokens=100, tail_tokens=420, prefix_tokens=50) == ""  # soft..hard: keep
+    assert P.needs_restart(p, 1000, summary_tokens=100, tail_tokens=400, prefix_tokens=300) == "tail_outgrew_hard"
+    assert P.needs_restart(p.with_(soft=0.84, hard=0.99), 1000, summary_tokens=100, tail_tokens=500) == "tail_outgrew_budget"
     assert P.needs_restart(p.with_(mode="hard"), 1000, summary_tokens=100, tail_tokens=5000) == ""

@@ -247,24 +247,23 @@ def test_summarizer_fault_then_retry_succeeds(tmp_path):
 
 
 def test_restart_rule_when_the_raw_tail_outgrows_the_budget(tmp_path):
-    # summaries take several engine polls, so a huge tool result can land while one is being prepared
+    # a summary that takes long (many engine polls) and a huge message right at `soft`: the mark lands
+    # before it, and the raw tail then outgrows the shadow's cell budget in the headroom above `hard`
     eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.05, soft=0.45, hard=0.9)
-    eng.bg_polls = 1000
+    eng.bg_polls = 10 ** 6
     i = 0
-    while not any(e.name == "summary_started" for e in s.events):
-        s.chat(user_msg(i), max_tokens=24)
+    while len(s.tokens) < 300:
+        s.add([{"role": "user", "content": user_msg(i)}])
         i += 1
+    s.add([{"role": "user", "content": " ".join(f"r{k}" for k in range(150))}])  # ~300 tokens
     old = [e for e in s.events if e.name == "summary_started"][-1]
-    assert len(s.tokens) < s.limits.soft + 60
-    big = " ".join(f"r{k}" for k in range(150))  # ~300 tokens: stays below hard, but the tail outgrows soft
-    s.add([{"role": "user", "content": big}])
-    # the big message itself must stay raw (keep_recent): no later mark helps yet, so no restart
-    assert "preparation_restarted" not in names(s)
-    s.add([{"role": "user", "content": user_msg(90)}, {"role": "user", "content": user_msg(91)}])
-    assert len(s.tokens) < s.limits.hard
+    assert old.mark_tokens <= 360
+    while "preparation_restarted" not in names(s) and len(s.tokens) < s.window - 60:
+        s.add([{"role": "user", "content": user_msg(i)}])
+        i += 1
     assert "preparation_restarted" in names(s), names(s)
     ev = [e for e in s.events if e.name == "preparation_restarted"][0]
-    assert ev.reason == "tail_outgrew_soft"
+    assert ev.reason == "tail_outgrew_budget" and len(s.tokens) > s.limits.hard
     new = [e for e in s.events if e.name == "summary_started"][-1]
     assert new.mark > old.mark and new.reason == "restart"
     eng.bg_polls = 0
