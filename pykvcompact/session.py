@@ -1063,6 +1063,7 @@ class Session:
         finish = "length"
         shown = 0
         chunk = self.policy.chunk_tokens
+        completed = False
         try:
             while len(p.tokens) < max_tokens:
                 n = min(chunk, max_tokens - len(p.tokens))
@@ -1077,14 +1078,20 @@ class Session:
                 yield from self._drain()
                 got: List[int] = []
                 if streaming:
-                    for t in self._seq.stream(n, stop=stop, **sampling):
-                        got.append(t)
-                        text = self._detok(p.tokens + got)
-                        if text.endswith("\ufffd"):
-                            continue
-                        if len(text) > shown:
-                            yield text[shown:]
-                            shown = len(text)
+                    it = self._seq.stream(n, stop=stop, **sampling)
+                    try:
+                        for t in it:
+                            got.append(t)
+                            text = self._detok(p.tokens + got)
+                            if text.endswith("\ufffd"):
+                                continue
+                            if len(text) > shown:
+                                yield text[shown:]
+                                shown = len(text)
+                    finally:
+                        close = getattr(it, "close", None)
+                        if close is not None:
+                            close()  # cancels the generation if we stopped early (tokens decoded stay)
                 else:
                     got = list(self._seq.generate(n, stop=stop, **sampling))
                 p.tokens.extend(got)
@@ -1097,11 +1104,32 @@ class Session:
                 if probe_due(self.policy, generated_since_probe=self._gen_since_probe):
                     self._probe("interval")
                     yield from self._drain()
+            completed = True
         finally:
-            pass
+            if not completed and self._partial is p:
+                # the stream was closed early or the engine failed: keep what was generated (tokens already
+                # decoded stay in the sequence) and close the turn, so the session stays consistent
+                try:
+                    p.tokens = self._seq.tokens[p.gen_tok:]
+                    self._text = self._text[:p.gen_char] + self._detok(p.tokens)
+                    self._close_turn(p, stop)
+                except Exception:  # noqa: BLE001 - best effort; the original error propagates
+                    pass
         raw = self._text[p.gen_char:]
         if streaming and len(raw) > shown:
             yield raw[shown:]
+        msg = self._close_turn(p, stop)
+        yield from self._drain()
+        if probe_due(self.policy, generated_since_probe=self._gen_since_probe):
+            self._probe("interval")
+            yield from self._drain()
+        self._tick()
+        yield from self._drain()
+        return msg, finish, len(p.tokens)
+
+    def _close_turn(self, p: _Partial, stop: tuple) -> dict:
+        """The generated reply becomes a live message (the template's end-of-turn tokens appended)."""
+        raw = self._text[p.gen_char:]
         content = raw
         if stop:
             cut = min((raw.find(s) for s in stop if s in raw), default=-1)
@@ -1113,13 +1141,7 @@ class Session:
             msg["tool_calls"] = calls
         view = {"role": "assistant", "content": raw}
         self._append_message(msg, view, from_partial=True)
-        yield from self._drain()
-        if probe_due(self.policy, generated_since_probe=self._gen_since_probe):
-            self._probe("interval")
-            yield from self._drain()
-        self._tick()
-        yield from self._drain()
-        return msg, finish, len(p.tokens)
+        return msg
 
 
 __all__ = ["Session", "ContextWindowError"]

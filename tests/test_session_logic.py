@@ -407,3 +407,15 @@ def test_background_uses_the_headroom_above_hard_while_the_summary_is_written(tm
     late = [e for e in s.events if e.name == "rebased"][len(reb):]
     assert late and all(e.tokens_before >= s.window - s._margin() - 40 for e in late)
     check_invariants(s)
+
+
+def test_closing_a_stream_early_keeps_the_session_consistent(tmp_path):
+    eng, s = make("background", tmp_path=tmp_path, responder=lambda p: "word " * 40)
+    it = s.stream("talk", max_tokens=64)
+    got = [next(it) for _ in range(3)]
+    it.close()
+    assert s.messages[-1]["role"] == "assistant" and s.messages[-1]["content"].startswith("word")
+    check_invariants(s)
+    r = s.chat("again", max_tokens=8)
+    assert r["choices"][0]["finish_reason"] == "length"
+    check_invariants(s)
