@@ -74,7 +74,7 @@ TOOLS = [
 def run_agent_demo(model=None, turns: int = 24, window: int = 2048, mode: str = "background", *,
                    engine=None, n_ctx: Optional[int] = None, max_tokens: int = 32, summary_max_tokens: int = 96,
                    probe_every: int = 64, rubric: str = "coding", history_dir: str = "conversation_history",
-                   session_id: Optional[str] = None, show_text: bool = False,
+                   session_id: Optional[str] = None, show_text: bool = False, n_threads: Optional[int] = None,
                    out: Callable[[str], None] = print) -> dict:
     """Run the scripted agent session and return its summary (also printed through ``out``).
 
@@ -91,7 +91,7 @@ def run_agent_demo(model=None, turns: int = 24, window: int = 2048, mode: str = 
     own = engine is None
     if own:
         need = n_ctx or (2 * window + summary_max_tokens + 1536)
-        engine = pk.Engine(model, n_ctx=need, n_seq_max=8)
+        engine = pk.Engine(model, n_ctx=need, n_seq_max=8, n_threads=n_threads)
     t_start = time.perf_counter()
     session = pk.Session(engine, system="You are a careful coding agent working in a small repository. "
                                         "Answer in one or two short sentences.",

@@ -320,6 +320,24 @@ class Session:
         self._pending.clear()
         return out
 
+    def call_tool(self, name: str = compaction_tool.NAME, arguments: Optional[dict] = None) -> str:
+        """Run a session-handled tool as if the model had called it now (only ``compact_conversation``):
+        the assistant tool call and its result are added to the conversation; returns the result text
+        ("Nothing to compact yet" below ``tool_min_fill`` x ``hard``)."""
+        self._check_open()
+        if name != compaction_tool.NAME:
+            raise ValueError(f"the session only runs {compaction_tool.NAME!r}; other tools belong to the caller")
+        call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments or {})}}
+        self._append_message({"role": "assistant", "content": None, "tool_calls": [call]})
+        out = self._run_compact_tool(call)["content"]
+        self._pending.clear()
+        return out
+
+    def compact_conversation(self) -> str:
+        """The ``compact_conversation`` tool, called directly (see :meth:`call_tool`)."""
+        return self.call_tool(compaction_tool.NAME)
+
     def close(self) -> None:
         if self._closed:
             return

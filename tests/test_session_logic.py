@@ -419,3 +419,18 @@ def test_closing_a_stream_early_keeps_the_session_consistent(tmp_path):
     r = s.chat("again", max_tokens=8)
     assert r["choices"][0]["finish_reason"] == "length"
     check_invariants(s)
+
+
+def test_call_tool_directly(tmp_path):
+    eng, s = make("rubric", tmp_path=tmp_path, window=1400, compact_tool=True)
+    assert s.call_tool("compact_conversation") == compaction_tool.NOTHING_TO_COMPACT
+    assert s.messages[-2]["tool_calls"][0]["function"]["name"] == "compact_conversation"
+    i = 0
+    while len(s.tokens) < s.limits.tool_min + 300:
+        s.add([{"role": "user", "content": user_msg(i)}, {"role": "assistant", "content": f"ok {i}"}])
+        i += 1
+    assert s.compact_conversation().startswith("Conversation compacted")
+    assert [e.name for e in s.events].count("tool_refused") == 1
+    with pytest.raises(ValueError):
+        s.call_tool("read_file")
+    check_invariants(s)
