@@ -34,8 +34,8 @@ cancelled and restarted from a new mark at the current end (:func:`needs_restart
 
 - committing it would no longer bring the fill below ``hard`` (``prefix + summary + tail >= hard x
   window``): the raw tail alone has grown too large for the prepared summary to help; or
-- the shadow (``summary + tail``; its prefix cells are shared) outgrows the cells reserved for it,
-  ``summary budget + (keep_recent + 1 - soft) x window``;
+- the shadow (``summary + tail``; its prefix cells are shared) outgrows ``summary budget +
+  (keep_recent + 1 - soft) x window`` (the cells reserved for it up to ``hard`` plus the headroom);
 
 and only if the current history allows a later mark whose prepared context would pass both checks (the
 session checks that), so a restart always summarizes more and never churns.  A restart throws away work
@@ -166,8 +166,8 @@ class Limits:
 def shadow_budget(p: Policy, window: int) -> int:
     """Cells reserved for the prepared (shadow) context beyond the shared prefix: summary + raw tail."""
     tail = math.ceil(p.keep_recent * window)
-    if p.mode == "background":  # the tail grows from the mark (at soft) up to the full window
-        tail += math.ceil(max(0.0, 1.0 - p.soft) * window)
+    if p.mode == "background":  # the tail grows from the mark (at soft) up to hard
+        tail += math.ceil(max(0.0, p.hard - p.soft) * window)
     else:
         # synchronous modes cut at the trigger, leaving keep_recent raw (+ one message of slack)
         tail += math.ceil(0.05 * window)
@@ -179,14 +179,17 @@ def reserve_cells(p: Policy, window: int, *, probe_tokens: int = 0, summarizer_t
 
     The probe fork holds ``probe_tokens`` new cells (briefly); the summary fork holds the summarizer prompt
     and the summary (its history cells are shared with the live sequence); the shadow holds the summary
-    message and the raw tail (its prefix cells are shared).  The summary fork is closed before the shadow is
-    prepared, so they never coexist: reserve = probe + max(summary fork, shadow).
+    message and the raw tail up to ``hard`` (its prefix cells are shared).  The summary fork is closed
+    before the shadow is prepared, so they never coexist; a probe is skipped (CONTINUE) when the pool has
+    no room for it at that moment, and the headroom above ``hard`` in background mode is used only while
+    the pool has room for the larger shadow (both checked against the engine's free cells at run time).
+    So reserve = max(probe, summary fork, shadow).
     """
     if p.mode == "none":
         return 0
     probe = (probe_tokens + PROBE_SLACK) if p.probes else 0
     summ = summarizer_tokens + p.summary_max_tokens + PROBE_SLACK
-    return probe + max(summ, shadow_budget(p, window))
+    return max(probe, summ, shadow_budget(p, window))
 
 
 def resolve_window(p: Policy, free_cells: int, *, probe_tokens: int = 0, summarizer_tokens: int = 0,
@@ -323,7 +326,7 @@ def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: i
     shadow = summary_tokens + overhead + tail_tokens
     if prefix_tokens + shadow >= math.floor(p.hard * window):
         return "tail_outgrew_hard"
-    if shadow > shadow_budget(p, window):
+    if shadow > shadow_budget(p, window) + math.floor(max(0.0, 1.0 - p.hard) * window):
         return "tail_outgrew_budget"
     return ""
 

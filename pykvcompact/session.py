@@ -562,10 +562,18 @@ class Session:
         if sync_due(self.policy, self.limits, after):
             p = self._prep
             if p is not None and self.policy.mode == "background":
-                # a summary still being written: use the headroom above `hard`; wait only at the window
-                return p.stage == "summarizing" and after <= self.window - self._margin()
+                # a summary still being written: use the headroom above `hard` (while the pool can still
+                # hold the shadow it will need); wait only at the window
+                if p.stage != "summarizing" or after > self.window - self._margin():
+                    return False
+                shadow = self.policy.summary_max_tokens + SUMMARY_MESSAGE_OVERHEAD + (after - p.mark_tok)
+                return self._free_cells() - (after - len(self._seq)) >= shadow
             return self._choose_mark() is None
         return True
+
+    def _free_cells(self) -> int:
+        f = getattr(self.engine, "free_cells", None)
+        return f() if callable(f) else self.engine.n_ctx - self.engine.used_cells()
 
     def _margin(self) -> int:
         return self.policy.chunk_tokens + 8
@@ -958,8 +966,8 @@ class Session:
         if self._prep is not None and self._prep.commit_trigger:
             return
         toks = self._probe_tokens()
-        if n + len(toks) > self.window + self._probe_est + 64:
-            return
+        if len(toks) + 8 > self._free_cells():
+            return  # no room in the pool right now (a summary fork or a shadow holds it): CONTINUE
         t0 = time.perf_counter()
         try:
             probs = self._seq.probe(toks, labels=self.labels)
