@@ -103,6 +103,15 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
     return out if len(out) <= max_chars else out[: max_chars - 1] + "…"
 
 
+def looping(text: str, repeats: int = 3) -> bool:
+    """The output ends with the same non-empty line ``repeats`` times (small models loop): the attempt
+    is stopped early and counts as over length."""
+    lines = [l.strip() for l in text.split("\n") if l.strip()]
+    if len(lines) > repeats and not text.endswith("\n"):
+        lines = lines[:-1]  # the last line may be incomplete
+    return len(lines) >= repeats and len(set(lines[-repeats:])) == 1 and len(lines[-1]) >= 8
+
+
 def validate(text: Optional[str], n_tokens: int, finish_reason: Optional[str], error, max_tokens: int,
              timed_out: bool = False) -> Optional[str]:
     """``None`` when the attempt produced a usable summary, else the failure reason."""
@@ -142,6 +151,7 @@ class Attempt:
         self._chain = None
         self._chain_error = None
         self._cancelled = False
+        self.looped = False
         try:
             if fault == "exception":
                 raise RuntimeError("injected summarizer fault")
@@ -158,8 +168,22 @@ class Attempt:
                     self._chain.start()
             else:
                 fork.append(list(prompt_tokens))
-                self.tokens = list(fork.generate(max_tokens, temperature=0.0))
-                self.finish_reason = "length" if len(self.tokens) >= max_tokens else "stop"
+                stream = getattr(fork, "stream", None)
+                if stream is None:
+                    self.tokens = list(fork.generate(max_tokens, temperature=0.0))
+                else:
+                    it = stream(max_tokens, temperature=0.0)
+                    try:
+                        for t in it:
+                            self.tokens.append(t)
+                            if len(self.tokens) % 8 == 0 and looping(detokenize(self.tokens)):
+                                self.looped = True
+                                break
+                    finally:
+                        close = getattr(it, "close", None)
+                        if close is not None:
+                            close()
+                self.finish_reason = "length" if (self.looped or len(self.tokens) >= max_tokens) else "stop"
                 self._finish()
         except Exception as e:  # noqa: BLE001 - any failure is a summarizer failure
             self.error = e
@@ -203,6 +227,14 @@ class Attempt:
                     raise RuntimeError(f"summary prefill failed: {self._prefill.error}")
                 self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
             if not self._gen.done():
+                toks = self._gen.tokens
+                if len(toks) >= 24 and looping(self.detokenize(toks)):  # a weak model repeating itself
+                    self.looped = True
+                    self._gen.cancel()
+                    self.tokens = list(toks)
+                    self.finish_reason = "length"
+                    self._finish()
+                    return True
                 return False
             self.tokens = list(self._gen.result())
             self.finish_reason = getattr(self._gen, "finish_reason", None) or (
