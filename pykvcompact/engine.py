@@ -295,12 +295,13 @@ class Sequence:
         return job
 
     def generate(self, max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: Iterable[int | str] = (), grammar: str | None = None) -> list[int]:
+                 stop: Iterable[int | str] = (), grammar: str | None = None, stream: bool = False):
         """Generate up to max_tokens tokens (appended to the sequence). An end-of-generation token
         stops it and is neither returned nor appended; a stop token id or stop string stops it after
-        the token that completes it (that token is kept). ``grammar`` is GBNF with a ``root`` rule."""
+        the token that completes it (that token is kept). ``grammar`` is GBNF with a ``root`` rule.
+        With ``stream=True`` it returns an iterator of tokens instead (see ``stream()``)."""
         job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND)
-        return job.result()
+        return job.stream() if stream else job.result()
 
     def stream(self, max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                stop: Iterable[int | str] = (), grammar: str | None = None) -> Iterator[int]:

@@ -138,6 +138,8 @@ def test_generation_greedy_is_deterministic_and_appends(tiny_engine):
         out_a = a.generate(12)
         out_b = list(b.stream(12))
         assert out_a == out_b
+        a.truncate(len(prompt))
+        assert list(a.generate(12, stream=True)) == out_a
         assert a.tokens == prompt + out_a and a.pos_range() == (0, len(prompt) + len(out_a) - 1)
 
 
