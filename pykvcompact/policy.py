@@ -19,9 +19,10 @@ Modes (``Policy.mode``):
 ``background`` (default)
     ``rubric`` plus: from ``soft`` fill a summary is prepared in the background from a snapshot mark and
     the rebased context is prefilled with ``prepare_rebase``; a COMPRESS verdict, the compaction tool or
-    reaching ``hard`` commits it.  If the summary is still being written when ``hard`` is reached, the
-    session keeps going in the headroom between ``hard`` and the window and commits as soon as it is
-    ready; only if the window itself is about to be exceeded does it wait for the summary.
+    reaching ``hard`` commits it.  If the summary is still being written (or the rebased context is still
+    catching up) when ``hard`` is reached, the session keeps going in the headroom between ``hard`` and
+    the window and commits as soon as it is ready; only if the window itself is about to be exceeded does
+    it wait.
 
 Cells.  With ``kv_unified`` the engine's ``n_ctx`` is one pool shared by every sequence, so the window is
 not the whole pool: the session's forks need room too.  :func:`reserve_cells` says how much, and

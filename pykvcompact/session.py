@@ -564,7 +564,8 @@ class Session:
             if p is not None and self.policy.mode == "background":
                 # a summary still being written: use the headroom above `hard` (while the pool can still
                 # hold the shadow it will need); wait only at the window
-                if p.stage != "summarizing" or after > self.window - self._margin():
+                pending = p.stage == "summarizing" or (p.stage == "rebasing" and p.rb is not None and not p.rb.done())
+                if not pending or after > self.window - self._margin():
                     return False
                 shadow = self.policy.summary_max_tokens + SUMMARY_MESSAGE_OVERHEAD + (after - p.mark_tok)
                 return self._free_cells() - (after - len(self._seq)) >= shadow
@@ -913,8 +914,9 @@ class Session:
         p = self._prep
         if p is not None and p.commit_trigger and p.stage == "rebasing" and p.rb is not None and p.rb.done():
             self._commit_prepared(p.commit_trigger)
-        elif p is not None and p.stage != "summarizing" and len(self._seq) >= self.limits.hard:
-            self._commit_prepared("hard")  # ready now, after running in the headroom above hard
+        elif p is not None and p.stage != "summarizing" and len(self._seq) >= self.limits.hard and \
+                (p.rb is None or p.rb.done() or len(self._seq) > self.window - self._margin()):
+            self._commit_prepared("hard")  # ready (and caught up) now, after running in the headroom above hard
 
     def _commit_prepared(self, trigger: str, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
@@ -983,10 +985,8 @@ class Session:
                 if self._prep is None:
                     self._start_prep("compress")
                 if self._prep is not None:
-                    self._prep.commit_trigger = "compress"
-                    self._advance_prep()
-                    if self._prep is not None and self._prep.stage == "rebasing":
-                        self._commit_prepared("compress")
+                    self._prep.commit_trigger = "compress"  # committed by _tick once ready and caught up
+                    self._tick()
             else:
                 self._compact_sync("compress")
 
