@@ -30,7 +30,8 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
         throw std::invalid_argument("n_seq_max must be between 1 and 256, got " + std::to_string(opts.n_seq_max));
     if (opts.n_ctx < 16) throw std::invalid_argument("n_ctx must be at least 16, got " + std::to_string(opts.n_ctx));
     if (opts.n_batch < 1) throw std::invalid_argument("n_batch must be >= 1");
-    if (opts.background_chunk < 1) throw std::invalid_argument("background_chunk must be >= 1");
+    if (opts.background_chunk < 1 || opts.background_chunk_busy < 1)
+        throw std::invalid_argument("background_chunk and background_chunk_busy must be >= 1");
     g_verbose = opts.verbose;
     llama_log_set(log_callback, nullptr);
     llama_backend_init();
@@ -141,7 +142,7 @@ void Engine::loop() {
 
 void Engine::submit_task(std::unique_ptr<Task> t) { tasks_.push_back(std::move(t)); }
 
-// One decode: foreground rows first, then at most background_chunk background rows.
+// One decode: foreground rows first, then a bounded chunk of background rows.
 bool Engine::step() {
     if (tasks_.empty()) return false;
     batch_.n_tokens = 0;
@@ -158,7 +159,9 @@ bool Engine::step() {
     step_mixed_ = any_fg && any_bg;
     for (int pass = 0; pass < 2; ++pass) {
         const bool want_bg = pass == 1;
-        int pass_budget = want_bg ? std::min(budget, (int) opts_.background_chunk) : budget;
+        const bool fg_rows = batch_.n_tokens > 0;
+        const int bg_cap = (int) (fg_rows ? opts_.background_chunk_busy : opts_.background_chunk);
+        int pass_budget = want_bg ? std::min(budget, bg_cap) : budget;
         for (size_t i = 0; i < tasks_.size() && pass_budget > 0; ++i) {
             Task * t = tasks_[i].get();
             if (t->finished || (t->kind == RowKind::Background) != want_bg || !t->has_work(*this)) continue;

@@ -3,8 +3,9 @@
 // Every llama call on the context happens on the engine thread. Callers submit commands (run between
 // two decodes, "between two tokens") and tasks (work that spans decode steps: prefill, generation,
 // rebase preparation). Each step is one llama_decode whose batch holds foreground rows first, then a
-// bounded chunk of background rows, so background work delays a foreground token by at most
-// `background_chunk` extra rows.
+// bounded chunk of background rows: at most `background_chunk_busy` while foreground work is in the
+// batch (on a CPU every extra row costs, so a foreground token is delayed by only a few rows), and
+// up to `background_chunk` when the foreground is idle.
 #pragma once
 
 #include <condition_variable>
@@ -35,7 +36,8 @@ struct EngineOptions {
     uint32_t n_seq_max = 8;
     int n_threads = 0;           // 0: caller decides (Python passes the physical core count)
     uint32_t n_batch = 512;
-    uint32_t background_chunk = 32;
+    uint32_t background_chunk = 64;
+    uint32_t background_chunk_busy = 8;
     uint32_t seed = 0;
     bool use_extra_bufts = false;  // ggml AMX repacking: SIGILL on some CPUs, see DESIGN.md
     int n_gpu_layers = 0;

@@ -71,15 +71,15 @@ PYBIND11_MODULE(_native, m) {
 
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string & path, uint32_t n_ctx, uint32_t n_seq_max, int n_threads, uint32_t n_batch,
-                         uint32_t background_chunk, uint32_t seed, bool use_extra_bufts, int n_gpu_layers, int flash_attn, bool verbose) {
+                         uint32_t background_chunk, uint32_t background_chunk_busy, uint32_t seed, bool use_extra_bufts, int n_gpu_layers, int flash_attn, bool verbose) {
                  EngineOptions o;
                  o.model_path = path; o.n_ctx = n_ctx; o.n_seq_max = n_seq_max; o.n_threads = n_threads;
-                 o.n_batch = n_batch; o.background_chunk = background_chunk; o.seed = seed;
+                 o.n_batch = n_batch; o.background_chunk = background_chunk; o.background_chunk_busy = background_chunk_busy; o.seed = seed;
                  o.use_extra_bufts = use_extra_bufts; o.n_gpu_layers = n_gpu_layers; o.flash_attn = flash_attn; o.verbose = verbose;
                  return new Engine(o);
              }),
              py::arg("model_path"), py::arg("n_ctx"), py::arg("n_seq_max"), py::arg("n_threads"), py::arg("n_batch"),
-             py::arg("background_chunk"), py::arg("seed"), py::arg("use_extra_bufts"), py::arg("n_gpu_layers"),
+             py::arg("background_chunk"), py::arg("background_chunk_busy"), py::arg("seed"), py::arg("use_extra_bufts"), py::arg("n_gpu_layers"),
              py::arg("flash_attn"), py::arg("verbose"), Release())
         .def("shutdown", &Engine::shutdown, Release())
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"), Release())

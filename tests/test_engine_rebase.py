@@ -143,15 +143,16 @@ def test_background_generation_shares_batches_with_foreground(tiny_engine):
 
 
 def test_background_prefill_bounded_per_step(tiny_model_path):
-    with pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4, background_chunk=16) as eng:
+    with pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4, background_chunk=16, background_chunk_busy=4) as eng:
         with eng.sequence(text_tokens(eng, 20)) as a, eng.sequence(text_tokens(eng, 5)) as b:
             job = b.append_background(text_tokens(eng, 400, seed=3))
             a.generate(30)
             job.result(timeout=60)
             st = eng.stats()
             assert st["rows"]["background"] == 400
-            # 400 background rows in chunks of <= 16: at least 25 decode steps carried them
+            # 400 background rows in chunks of <= 16 (<= 4 next to a foreground token)
             assert st["decode_calls"] >= 25
+            assert job.mixed_steps > 0 and job.rows_decoded == 400
             assert len(b) == 405
 
 

@@ -1,0 +1,77 @@
+"""Compaction strategies side by side: the same scripted agent session (pykvcompact.agent_demo) run
+once per policy mode on one engine, in one process, so the figures are comparable.
+
+For each mode: per-turn latency (median, p90, max: the max is the stall a user feels), the stall
+measured at each swap, rebases and their triggers, probes and their cost, summaries, and the engine's
+decode rows split by kind (foreground / background / probe), which shows where summary tokens were
+generated: on the main path (foreground) or interleaved in the background.
+
+    python bench/compaction.py --model smollm2-135m --turns 24 --window 1024 --out bench/results/compaction-smollm2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import pykvcompact as pk
+from pykvcompact.agent_demo import run_agent_demo
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--modes", default="hard,background,rubric,fixed,none")
+    ap.add_argument("--turns", type=int, default=24)
+    ap.add_argument("--window", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--summary-max-tokens", type=int, default=96)
+    ap.add_argument("--n-threads", type=int, default=None)
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    n_ctx = 2 * args.window + args.summary_max_tokens + 1536
+    eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers)
+    result = {"model": args.model, "window": args.window, "turns": args.turns, "n_ctx": eng.n_ctx,
+              "n_threads": eng.n_threads, "max_tokens": args.max_tokens, "modes": {}}
+    history = tempfile.mkdtemp(prefix="pykvcompact-bench-")
+    for mode in args.modes.split(","):
+        before = eng.stats()
+        turn_log = []
+        t0 = time.perf_counter()
+        summary = run_agent_demo(engine=eng, turns=args.turns, window=args.window, mode=mode,
+                                 max_tokens=args.max_tokens, summary_max_tokens=args.summary_max_tokens,
+                                 history_dir=history, session_id=f"bench-{mode}", out=turn_log.append)
+        elapsed = time.perf_counter() - t0
+        after = eng.stats()
+        turn_ms = [float(line.split("s  ")[0].split()[-1]) * 1000 for line in turn_log if line.startswith("turn ")]
+        rows = {k: after["rows"][k] - before["rows"][k] for k in after["rows"]}
+        summary.update({
+            "elapsed_s": round(elapsed, 2),
+            "turn_ms": {"median": round(statistics.median(turn_ms), 1),
+                        "p90": round(statistics.quantiles(turn_ms, n=10)[-1], 1) if len(turn_ms) >= 2 else None,
+                        "max": round(max(turn_ms), 1)},
+            "decode_rows": rows,
+            "mixed_batches": after["mixed_batches"] - before["mixed_batches"],
+        })
+        result["modes"][mode] = summary
+        print(f"{mode:10s} elapsed {elapsed:6.1f}s  turn median {summary['turn_ms']['median']:7.0f} ms  "
+              f"max {summary['turn_ms']['max']:7.0f} ms  rebases {summary['rebases']}  stall max "
+              f"{summary['stall_ms_max']} ms  rows {rows}", file=sys.stderr)
+    eng.close()
+    text = json.dumps(result, indent=2)
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(text + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
