@@ -85,7 +85,7 @@ def test_is_safe_cut():
     assert not is_safe_cut(s, 2)
 
 
-def _incremental_equals_full(engine, template, tmp_path, tools=TOOLS, system="You are careful."):
+def _check_incremental_equals_full(engine, template, tmp_path, tools=TOOLS, system="You are careful."):
     """``engine``'s tokenizer; the sequences are the fake engine's (no decoding: this is about tokens)."""
     from fake_engine import FakeEngine
     engine = FakeEngine(n_ctx=4096, tokenizer=engine)
@@ -106,8 +106,8 @@ def _incremental_equals_full(engine, template, tmp_path, tools=TOOLS, system="Yo
 @pytest.mark.parametrize("which", ["smollm2", "qwen2.5", "chatml"])
 def test_incremental_tokens_equal_full_render_smollm_tokenizer(which, smollm_engine, tmp_path):
     src = {"smollm2": smollm_template, "qwen2.5": qwen_template, "chatml": lambda: None}[which]()
-    _incremental_equals_full(smollm_engine, ChatTemplate(src), tmp_path)
-    _incremental_equals_full(smollm_engine, ChatTemplate(src), tmp_path, tools=None, system=None)
+    _check_incremental_equals_full(smollm_engine, ChatTemplate(src), tmp_path)
+    _check_incremental_equals_full(smollm_engine, ChatTemplate(src), tmp_path, tools=None, system=None)
 
 
 def test_incremental_tokens_equal_full_render_qwen_model(tmp_path):
@@ -119,6 +119,6 @@ def test_incremental_tokens_equal_full_render_qwen_model(tmp_path):
     eng = pk.Engine(cached[0], n_ctx=256, n_seq_max=1)
     try:
         assert "tool_response" in (eng.chat_template or "")
-        _incremental_equals_full(eng, ChatTemplate.from_engine(eng), tmp_path)
+        _check_incremental_equals_full(eng, ChatTemplate.from_engine(eng), tmp_path)
     finally:
         eng.close()

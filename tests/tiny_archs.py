@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from tiny_model import tokenizer_fields  # noqa: E402
+from tiny_model import tokenizer_fields, write_gguf as _write  # noqa: E402
 
 __all__ = ["ARCHS", "make_tiny_gemma2", "make_tiny_lfm2", "make_tiny_mamba", "make_tiny_mrope"]
 
@@ -46,36 +46,6 @@ class _Rand:
     @staticmethod
     def ones(*shape: int) -> np.ndarray:
         return np.ones(shape, dtype=np.float32)
-
-
-def _write(path: PathLike, arch: str, seed: int, kv: Callable[[gguf.GGUFWriter], None], tensors: Tensors,
-           tok: Dict[str, Any]) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, arch=arch)
-        w.add_name(f"tiny-random-{arch}-seed{seed}")
-        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
-        w.add_vocab_size(len(tok["tokenizer.ggml.tokens"][0]))
-        kv(w)
-        for key, (val, vtype, sub) in tok.items():
-            w.add_key_value(key, val, vtype, sub_type=sub)
-        for name, arr in tensors:
-            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
 
 
 def _attn(r: _Rand, b: str, n_embd: int, n_head: int, n_head_kv: int, head_dim: int, bias: bool = False) -> Tensors:

@@ -12,12 +12,12 @@ import os
 import pathlib
 import struct
 import tempfile
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Tuple, Union
 
 import gguf
 import numpy as np
 
-__all__ = ["llama_no_extra_bufts", "make_tiny_gguf", "tokenizer_fields"]
+__all__ = ["llama_no_extra_bufts", "make_tiny_gguf", "tokenizer_fields", "write_gguf"]
 
 _VT = gguf.GGUFValueType
 _SCALAR = {
@@ -163,13 +163,7 @@ def make_tiny_gguf(
         ]
     tensors += [("output_norm.weight", ones(n_embd)), ("output.weight", rand(n_vocab, n_embd))]
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        w = gguf.GGUFWriter(tmp, arch=arch)
-        w.add_name(f"tiny-random-{arch}-seed{seed}")
-        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    def kv(w: "gguf.GGUFWriter") -> None:
         w.add_context_length(n_ctx_train)
         w.add_embedding_length(n_embd)
         w.add_block_count(n_layer)
@@ -179,11 +173,28 @@ def make_tiny_gguf(
         w.add_rope_dimension_count(head_dim)
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-5)
-        w.add_vocab_size(n_vocab)
+
+    return write_gguf(path, arch, seed, kv, tensors, tok)
+
+
+def write_gguf(path: Union[str, os.PathLike], arch: str, seed: int, kv: Callable[[gguf.GGUFWriter], None], tensors: List[Tuple[str, np.ndarray]],
+           tok: Dict[str, Any]) -> pathlib.Path:
+    """Write a float32 GGUF atomically (temp file + rename): name, file type, vocab size, the
+    architecture's keys (``kv``), the tokenizer fields, then the tensors."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, arch=arch)
+        w.add_name(f"tiny-random-{arch}-seed{seed}")
+        w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+        w.add_vocab_size(len(tok["tokenizer.ggml.tokens"][0]))
+        kv(w)
         for key, (val, vtype, sub) in tok.items():
             w.add_key_value(key, val, vtype, sub_type=sub)
         for name, arr in tensors:
-            w.add_tensor(name, arr)
+            w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -196,6 +207,8 @@ def make_tiny_gguf(
             pass
         raise
     return path
+
+
 
 
 def llama_no_extra_bufts(model_path: Union[str, os.PathLike], **kwargs: Any) -> "llama_cpp.Llama":
