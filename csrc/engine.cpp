@@ -142,9 +142,32 @@ void Engine::loop() {
 
 void Engine::submit_task(std::unique_ptr<Task> t) { tasks_.push_back(std::move(t)); }
 
+bool Engine::has_queued(uint64_t h) const {
+    for (auto & t : tasks_) if (!t->finished && t->waiting_on == h) return true;
+    return false;
+}
+
+void Engine::claim_or_queue(SeqState & s, Task & t) {
+    const bool queue_nonempty = has_queued(s.handle);
+    if (!s.busy && !queue_nonempty) { s.busy = &t; return; }
+    const bool bg_behind_bg = t.kind == RowKind::Background && (!s.busy || s.busy->kind == RowKind::Background);
+    if (!bg_behind_bg) {
+        throw SequenceBusyError("sequence " + std::to_string(s.handle) +
+                                " is busy with another job; wait for it or cancel it (background jobs queue behind "
+                                "background jobs; foreground calls do not)");
+    }
+    t.waiting_on = s.handle;
+}
+
 // One decode: foreground rows first, then a bounded chunk of background rows.
 bool Engine::step() {
     if (tasks_.empty()) return false;
+    for (auto & t : tasks_) {  // queued background tasks start, in order, when their sequence is free
+        if (t->finished || !t->waiting_on) continue;
+        SeqState * s = find_seq(t->waiting_on);
+        if (!s) { t->abort(*this, std::make_exception_ptr(SequenceClosedError("sequence was closed")), "sequence was closed"); continue; }
+        if (!s->busy) { s->busy = t.get(); t->waiting_on = 0; }
+    }
     batch_.n_tokens = 0;
     step_len_before_.clear();
     std::vector<Task *> active;
@@ -153,7 +176,7 @@ bool Engine::step() {
     // Mixed-ness is known only after we know who contributes; tasks read it for their job stats, so
     // compute it up front from has_work.
     for (auto & t : tasks_) {
-        if (t->finished || !t->has_work(*this)) continue;
+        if (t->finished || t->waiting_on || !t->has_work(*this)) continue;
         (t->kind == RowKind::Background ? any_bg : any_fg) = true;
     }
     step_mixed_ = any_fg && any_bg;
@@ -164,7 +187,7 @@ bool Engine::step() {
         int pass_budget = want_bg ? std::min(budget, bg_cap) : budget;
         for (size_t i = 0; i < tasks_.size() && pass_budget > 0; ++i) {
             Task * t = tasks_[i].get();
-            if (t->finished || (t->kind == RowKind::Background) != want_bg || !t->has_work(*this)) continue;
+            if (t->finished || t->waiting_on || (t->kind == RowKind::Background) != want_bg || !t->has_work(*this)) continue;
             int n = 0;
             try {
                 n = t->add_rows(*this, pass_budget);
@@ -374,7 +397,6 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
     validate_tokens(tokens);
     return call([&] {
         SeqState & s = seq(h);
-        if (s.busy) throw SequenceBusyError("sequence " + std::to_string(h) + " is busy with another job; wait for it or cancel it");
         if (s.size() + tokens.size() > n_ctx_) {
             throw ContextFullError("cannot append " + std::to_string(tokens.size()) + " tokens to a sequence of " +
                                    std::to_string(s.size()) + ": the total would exceed n_ctx=" + std::to_string(n_ctx_) +
@@ -387,8 +409,8 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
         }
         auto t = std::make_unique<PrefillTask>(kind, h, tokens, all_logits, false);
         auto job = t->job;
-        if (tokens.empty()) { job->finish("done"); return job; }
-        s.busy = t.get();
+        claim_or_queue(s, *t);
+        if (tokens.empty() && !t->waiting_on) { s.busy = nullptr; job->finish("done"); return job; }
         submit_task(std::move(t));
         return job;
     });
@@ -484,13 +506,13 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
     validate_tokens(stop_tokens);
     return call([&] {
         SeqState & s = seq(h);
-        if (s.busy) throw SequenceBusyError("sequence " + std::to_string(h) + " is busy with another job; wait for it or cancel it");
-        if (s.size() == 0) throw std::invalid_argument("cannot generate on an empty sequence: append a prompt first");
+        const bool queued = s.busy || has_queued(h);
+        if (s.size() == 0 && !queued) throw std::invalid_argument("cannot generate on an empty sequence: append a prompt first");
         SamplingParams p = sp;
         if (p.seed == 0xFFFFFFFFu) p.seed = opts_.seed + 7919u * (++job_counter_);
         auto t = std::make_unique<GenerateTask>(kind, h, max_tokens, vocab_, p, stop_tokens, stop_strings);
         auto job = t->job;
-        s.busy = t.get();
+        claim_or_queue(s, *t);
         submit_task(std::move(t));
         return job;
     });

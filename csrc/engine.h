@@ -54,6 +54,7 @@ struct Task {
     RowKind kind;
     std::shared_ptr<Job> job;
     bool finished = false;
+    uint64_t waiting_on = 0;  // a queued background task: the sequence it waits to have to itself
     std::vector<int> rows;  // batch rows this task added in the current step
 
     virtual bool has_work(Engine & e) = 0;
@@ -134,6 +135,11 @@ public:
 private:
     template <class F> auto call(F && f) -> decltype(f());
     void submit_task(std::unique_ptr<Task> t);
+    // Claims the sequence for a new task, or queues a background task behind the background job that
+    // holds it (a summary's prompt prefill then its generation); anything else on a busy sequence
+    // raises SequenceBusyError.
+    void claim_or_queue(SeqState & s, Task & t);
+    bool has_queued(uint64_t h) const;
     void loop();
     bool step();
     void end_tasks_touching(uint64_t handle, const std::string & why);

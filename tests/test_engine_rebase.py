@@ -201,3 +201,26 @@ def test_exact_rebase_with_default_attention_kernels(tiny_model_path):
             with eng.sequence(s.tokens) as fresh:
                 assert_logits_close(s.logits(), fresh.logits(), atol=FLASH_ATOL)
                 assert s.generate(8) == fresh.generate(8)
+
+
+def test_background_jobs_queue_on_one_sequence(tiny_engine):
+    """A summary's prompt prefill then its generation: background jobs on one sequence run in order;
+    a foreground call on it meanwhile is refused, not interleaved."""
+    base = text_tokens(tiny_engine, 20, seed=40)
+    prompt = text_tokens(tiny_engine, 150, seed=41)
+    with tiny_engine.sequence(base) as s, tiny_engine.sequence(base + prompt) as ref:
+        expected = ref.generate(12)
+        prefill = s.append_background(prompt)
+        gen = s.generate_background(12)
+        with pytest.raises(pk.SequenceBusyError, match="queue"):
+            s.append([1])
+        assert gen.result(timeout=60) == expected
+        assert prefill.done() and s.tokens == base + prompt + expected
+    with tiny_engine.sequence() as empty:  # queued generation on a sequence that the queued prefill fills
+        empty.append_background(base)
+        assert len(empty.generate_background(3).result(timeout=60)) <= 3
+    with tiny_engine.sequence(base) as s:  # closing the sequence ends queued jobs too
+        s.append_background(prompt)
+        queued = s.generate_background(50)
+    with pytest.raises(pk.SequenceClosedError):
+        queued.result(timeout=30)
