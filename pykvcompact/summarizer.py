@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections import Counter
 from typing import Callable, List, Optional, Sequence
@@ -148,8 +147,6 @@ class Attempt:
         self._prefill = None
         self._gen = None
         self._done = False
-        self._chain = None
-        self._chain_error = None
         self._cancelled = False
         self.looped = False
         try:
@@ -158,14 +155,10 @@ class Attempt:
             if background:
                 self._prefill = fork.append_background(list(prompt_tokens))
                 try:
+                    # the engine queues it behind the prefill: no foreground step is needed to start it
                     self._gen = fork.generate_background(max_tokens, temperature=0.0)
                 except Exception:
-                    # the engine runs one job per sequence: start the generation as soon as the prefill is
-                    # done, from a helper thread (so no foreground step is needed to move it along)
-                    self._gen = None
-                    self._chain = threading.Thread(target=self._chain_generate, daemon=True,
-                                                   name="pykvcompact-summary")
-                    self._chain.start()
+                    self._gen = None  # a backend without a job queue: poll() starts it after the prefill
             else:
                 fork.append(list(prompt_tokens))
                 stream = getattr(fork, "stream", None)
@@ -189,14 +182,6 @@ class Attempt:
             self.error = e
             self._finish()
 
-    def _chain_generate(self):
-        try:
-            self._prefill.result()
-            if not self._cancelled:
-                self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
-        except Exception as e:  # noqa: BLE001 - reported by poll()
-            self._chain_error = e
-
     def _finish(self):
         self._done = True
         self.t_done = time.perf_counter()
@@ -214,12 +199,6 @@ class Attempt:
         if self._done:
             return True
         try:
-            if self._chain is not None:
-                if self._chain.is_alive():
-                    return False
-                self._chain = None
-                if self._chain_error is not None:
-                    raise self._chain_error
             if self._gen is None:
                 if self._prefill is not None and not self._prefill.done():
                     return False
@@ -268,8 +247,6 @@ class Attempt:
 
     def cancel(self):
         self._cancelled = True
-        if self._chain is not None:
-            self._chain.join(timeout=5)
         for j in (self._gen, self._prefill):
             try:
                 if j is not None and not j.done():
