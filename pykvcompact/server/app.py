@@ -1,0 +1,92 @@
+"""The FastAPI application: OpenAI-compatible chat completions over compacting sessions.
+
+Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``GET /v1/models``, ``GET /health``,
+``GET /v1/sessions``, ``GET|DELETE /v1/sessions/{id}``. With an API key every route needs
+``Authorization: Bearer <key>``."""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Optional
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from .config import ServerConfig
+from .errors import APIError, install_handlers
+from .registry import SessionRegistry
+from .schemas import ChatCompletionRequest
+from .streaming import sse_events
+from .turn import Turn
+
+
+def _auth(api_key: Optional[str]):
+    async def check(authorization: Optional[str] = Header(default=None)):
+        if api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or invalid API key (send Authorization: Bearer <key>)",
+                           code="invalid_api_key")
+    return check
+
+
+def _session_id(request: Request, req: ChatCompletionRequest) -> Optional[str]:
+    sid = request.headers.get("x-session-id") or req.user
+    if sid is not None:
+        sid = sid.strip()
+        if not sid or len(sid) > 128 or not all(c.isalnum() or c in "-_.:@" for c in sid):
+            raise APIError(400, "a session id must be 1-128 characters of letters, digits and -_.:@",
+                           param="X-Session-Id")
+    return sid
+
+
+def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="pykvcompact", version="0.1.0", dependencies=[Depends(_auth(config.api_key))])
+    install_handlers(app)
+    app.state.engine, app.state.registry, app.state.config = engine, registry, config
+    started = int(time.time())
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": config.model_id, "sessions": len(registry.list()),
+                "live_sessions": sum(1 for c in registry.list() if c.live),
+                "used_cells": engine.used_cells(), "n_ctx": engine.n_ctx}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": config.model_id, "object": "model", "created": started,
+                                            "owned_by": "pykvcompact"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        sid = _session_id(request, req)
+        turn = await run_in_threadpool(Turn, registry, req, sid, config.model_id, config.default_max_tokens)
+        headers = {"X-Session-Id": turn.conv.id}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventSourceResponse(sse_events(turn, include_usage), headers=headers, ping=15)
+        body = await run_in_threadpool(turn.run)
+        return JSONResponse(body, headers=headers)
+
+    @app.get("/v1/sessions")
+    async def sessions():
+        return {"object": "list", "data": [{k: v for k, v in c.info().items() if k != "events"}
+                                           for c in registry.list()]}
+
+    @app.get("/v1/sessions/{session_id}")
+    async def session_info(session_id: str):
+        conv = registry.get(session_id)
+        if conv is None:
+            raise APIError(404, f"no session {session_id!r}", param="session_id", code="session_not_found")
+        return conv.info()
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def session_delete(session_id: str):
+        if not await run_in_threadpool(registry.delete, session_id):
+            raise APIError(404, f"no session {session_id!r}", param="session_id", code="session_not_found")
+        return {"id": session_id, "object": "session", "deleted": True}
+
+    return app

@@ -1,0 +1,149 @@
+"""Request bodies of the OpenAI chat-completions API, validated with pydantic (unknown fields are
+accepted and ignored, as OpenAI clients send extras)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: Union[str, Dict[str, Any]] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: Optional[str] = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, List[Dict[str, Any]], None] = None
+    name: Optional[str] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _content_present(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if isinstance(self.content, list):
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+        return self
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: Dict[str, str]
+
+    @field_validator("function")
+    @classmethod
+    def _has_name(cls, v):
+        if not v.get("name"):
+            raise ValueError("tool_choice.function.name is required")
+        return v
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: Optional[str] = None
+    messages: List[Message] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(default=None, ge=0)
+    stop: Union[str, List[str], None] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    n: int = 1
+    user: Optional[str] = None
+    logprobs: Optional[bool] = None
+    response_format: Optional[Dict[str, Any]] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if isinstance(v, list):
+            if len(v) > 4:
+                raise ValueError("at most 4 stop sequences")
+            if any(not s for s in v):
+                raise ValueError("stop sequences must be non-empty")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v):
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v):
+        if v:
+            raise ValueError("logprobs are not supported")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, v):
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError("only response_format type 'text' is supported")
+        return v
+
+    @model_validator(mode="after")
+    def _tool_choice_needs_tools(self):
+        named = isinstance(self.tool_choice, NamedToolChoice)
+        if (named or self.tool_choice == "required") and not self.tools:
+            raise ValueError("tool_choice requires tools")
+        if named and self.tool_choice.function["name"] not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names an unknown tool {self.tool_choice.function['name']!r}")
+        return self
+
+    # --------------------------------------------------------------- plain values for the session
+    def stop_list(self) -> List[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def token_budget(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def tool_dicts(self) -> Optional[List[dict]]:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def forced_tool(self) -> Optional[str]:
+        """The tool the reply must call: its name, ``"*"`` for any (``required``), or None."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function["name"]
+        return "*" if self.tool_choice == "required" else None

@@ -1,0 +1,95 @@
+"""Server-sent events for a streamed chat completion.
+
+A worker thread runs the session's stream (it blocks on the engine) and hands items to the event loop
+through a queue. Text becomes ``chat.completion.chunk`` deltas; a compaction event becomes an SSE event
+named ``pykvcompact`` whose data is a chunk with an empty delta plus a ``pykvcompact_event`` field:
+clients that dispatch on the event name see it apart, OpenAI clients see a delta with nothing in it.
+Errors after the response has started arrive as ``{"error": {...}}`` data (the OpenAI clients raise)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import AsyncIterator
+
+from .content_gate import ContentGate
+from .errors import APIError, from_exception
+from .turn import Turn
+
+EVENT_NAME = "pykvcompact"
+_END = object()
+
+
+def _chunk(turn: Turn, delta: dict, finish_reason=None, **extra) -> dict:
+    out = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created, "model": turn.model_id,
+           "system_fingerprint": None,
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    out.update(extra)
+    return out
+
+
+def _data(obj) -> dict:
+    return {"data": json.dumps(obj, ensure_ascii=False)}
+
+
+def _tool_call_deltas(calls) -> list:
+    return [{"index": i, "id": c["id"], "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+            for i, c in enumerate(calls)]
+
+
+def _start_worker(turn: Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, stop: threading.Event):
+    def put(item):
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def work():
+        try:
+            for item in turn.stream(stop.is_set):
+                put(item)
+        except BaseException as exc:  # noqa: BLE001 - handed to the client as an error event
+            put(exc)
+        finally:
+            put(_END)
+
+    t = threading.Thread(target=work, name=f"pykvcompact-stream-{turn.id}", daemon=True)
+    t.start()
+    return t
+
+
+async def sse_events(turn: Turn, include_usage: bool) -> AsyncIterator[dict]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+    gate = ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools))
+    _start_worker(turn, loop, queue, stop)
+    try:
+        yield _data(_chunk(turn, {"role": "assistant", "content": ""}))
+        while True:
+            item = await queue.get()
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                err = item if isinstance(item, APIError) else from_exception(item)
+                yield _data(err.body())
+                continue
+            if isinstance(item, str):
+                text = gate.feed(item)
+                if text:
+                    yield _data(_chunk(turn, {"content": text}))
+            elif isinstance(item, dict):  # the final response
+                choice = item["choices"][0]
+                rest = gate.finish(choice["message"].get("content"))
+                if rest:
+                    yield _data(_chunk(turn, {"content": rest}))
+                if choice["message"].get("tool_calls"):
+                    yield _data(_chunk(turn, {"tool_calls": _tool_call_deltas(choice["message"]["tool_calls"])}))
+                yield _data(_chunk(turn, {}, choice["finish_reason"], session_id=item["session_id"]))
+                if include_usage:
+                    usage_chunk = _chunk(turn, {}, usage=item["usage"])
+                    usage_chunk["choices"] = []
+                    yield _data(usage_chunk)
+            else:  # a compaction event
+                yield {"event": EVENT_NAME, "data": json.dumps(_chunk(turn, {}, pykvcompact_event=item.to_dict()))}
+        yield {"data": "[DONE]"}
+    finally:
+        stop.set()  # the client went away (or we are done): the worker stops at its next item

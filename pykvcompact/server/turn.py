@@ -1,0 +1,125 @@
+"""One chat-completion request run on its conversation's session: plain or streamed.
+
+The conversation is checked out (locked) for the whole request. Only the messages the session has
+not seen are sent to it; when the client's history no longer extends what the session holds (edited,
+offloaded, or new), a new session is opened and the whole conversation is prefilled."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Iterator, List, Optional, Union
+
+from .conversation import Conversation
+from .errors import from_exception
+from .messages import is_prefix, keys_of, to_session_message
+from .registry import SessionRegistry
+from .schemas import ChatCompletionRequest
+from .tool_grammar import forced_call_grammar
+
+
+class Turn:
+    def __init__(self, registry: SessionRegistry, req: ChatCompletionRequest, explicit_id: Optional[str],
+                 model_id: str, default_max_tokens: int):
+        self.registry = registry
+        self.req = req
+        self.model_id = model_id
+        self.messages = [to_session_message(m) for m in req.messages]
+        self.keys = keys_of(self.messages)
+        self.max_tokens = req.token_budget(default_max_tokens)
+        self.tools = req.tool_dicts()
+        forced = req.forced_tool()
+        self.sampling = {"temperature": req.temperature, "top_p": req.top_p}
+        if req.seed is not None:
+            self.sampling["seed"] = req.seed
+        if req.stop_list():
+            self.sampling["stop"] = req.stop_list()
+        if forced is not None:
+            self.sampling["grammar"] = forced_call_grammar(self.tools, forced)
+        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.conv: Conversation = registry.checkout(explicit_id, self.keys)
+        self.events: List = []
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def release(self) -> None:
+        if self.conv is not None:
+            self.registry.release(self.conv)
+            self.conv = None
+
+    def _new_messages(self) -> List[dict]:
+        """Open a session if needed; the messages the session has not seen yet."""
+        conv = self.conv
+        if conv.live and conv.keys and is_prefix(conv.keys, self.keys):
+            return self.messages[len(conv.seen):]
+        system = self.messages[0]["content"] if self.messages[0]["role"] == "system" else None
+        self.registry.open_session(conv, system)
+        return self.messages[1:] if system is not None else list(self.messages)
+
+    def _kwargs(self) -> dict:
+        return dict(max_tokens=self.max_tokens, tools=self.tools, **self.sampling)
+
+    def _finish(self, response: dict) -> dict:
+        """Remember the exchange on the conversation and shape the OpenAI response."""
+        conv = self.conv
+        choice = response["choices"][0]
+        message = {"role": "assistant", "content": choice["message"].get("content")}
+        if choice["message"].get("tool_calls"):
+            message["tool_calls"] = choice["message"]["tool_calls"]
+        conv.remember(self.messages + [message], self.keys + keys_of([message]))
+        usage = dict(response["usage"])
+        conv.generated_tokens += usage["completion_tokens"]
+        conv.generating_s += time.perf_counter() - self._t0
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_id,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": choice["finish_reason"]}],
+            "usage": usage,
+            "system_fingerprint": None,
+            "session_id": conv.id,
+            "pykvcompact": {"session_id": conv.id, "fill": round(conv.session.fill, 4),
+                            "events": [e.to_dict() for e in self.events]},
+        }
+
+    # ------------------------------------------------------------------ plain
+    def run(self) -> dict:
+        """The whole reply; releases the conversation."""
+        try:
+            new = self._new_messages()
+            self._t0 = time.perf_counter()
+            before = len(self.conv.session.events)
+            response = self.conv.session.chat(new, **self._kwargs())
+            self.events = self.conv.session.events[before:]
+            return self._finish(response)
+        except Exception as exc:
+            self.conv.forget()
+            raise from_exception(exc) from exc
+        finally:
+            self.release()
+
+    # ------------------------------------------------------------------ streamed
+    def stream(self, cancelled) -> Iterator[Union[str, object, dict]]:
+        """Text deltas and events as the session yields them, then the final response dict.
+        ``cancelled()`` is checked between items; the conversation is released at the end."""
+        finished = False
+        try:
+            new = self._new_messages()
+            self._t0 = time.perf_counter()
+            it = self.conv.session.stream(new, **self._kwargs())
+            try:
+                for item in it:
+                    if not isinstance(item, str):
+                        self.events.append(item)
+                    yield item
+                    if cancelled():
+                        return
+            finally:
+                it.close()
+            finished = True
+            yield self._finish(self.conv.session.last_response)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        finally:
+            if not finished and self.conv is not None:
+                self.conv.forget()
+            self.release()
