@@ -12,7 +12,8 @@ from ``session.stream`` in the order they happen.  The spec'd fields come first,
 - ``tool_refused(fill)``
 
 plus a few extra ones that make the policy observable (``summary_failed``, ``preparation_restarted``,
-``dropped``).
+``dropped``, ``probe_skipped``, ``compaction_skipped``).  Every due probe is an event: ``probe`` when the
+model was asked, ``probe_skipped`` (with the reason) when it was not.
 """
 from __future__ import annotations
 
@@ -88,8 +89,11 @@ class Rebased(Event):
     stall_ms: float
     catch_up_tokens: int
     trigger: str = ""              # "hard" | "fixed" | "compress" | "tool" | "manual" | "window"
-    prepared: bool = False         # True when the summary and rebased context were prepared in the background
+    prepared: bool = False         # the summary and rebased context were ready before the swap (no wait)
     engine_stall_ms: Optional[float] = None
+    wait_ms: float = 0.0           # time spent waiting for an unfinished summary (at most max_stall_ms)
+    fallback: bool = False         # the deterministic fallback summary was used
+    worst_stall_ms: float = 0.0    # the session's worst stall so far, this one included
     t: float = field(default_factory=time.time)
     name = "rebased"
 
@@ -104,7 +108,9 @@ class Offloaded(Event):
 
 @dataclass
 class ToolRefused(Event):
+    """The compaction tool refused: below ``tool_min_fill`` x the mode's trigger, or mode ``none``."""
     fill: float
+    reason: str = "below_min_fill"
     t: float = field(default_factory=time.time)
     name = "tool_refused"
 
@@ -120,11 +126,34 @@ class PreparationRestarted(Event):
 
 @dataclass
 class Dropped(Event):
-    """Mode ``none``: the oldest turns after the system prompt were dropped (context shift)."""
+    """The oldest turns after the system prompt were dropped (context shift): mode ``none``, or a
+    summarizing mode with no cut point left to summarize (``reason`` says which)."""
     messages: int
     tokens: int
+    reason: str = "truncation"
     t: float = field(default_factory=time.time)
     name = "dropped"
+
+
+@dataclass
+class ProbeSkipped(Event):
+    """A probe was due but the model was not asked (``reason``: below_floor, no_cut_point, no_room,
+    committing, failed)."""
+    reason: str
+    fill: float = 0.0
+    trigger: str = "interval"
+    t: float = field(default_factory=time.time)
+    name = "probe_skipped"
+
+
+@dataclass
+class CompactionSkipped(Event):
+    """A compaction was asked for but did not happen (``reason``: no_cut_point, no_gain)."""
+    reason: str
+    trigger: str = ""
+    fill: float = 0.0
+    t: float = field(default_factory=time.time)
+    name = "compaction_skipped"
 
 
 # lower-case aliases matching the names used in the spec: events.probe(...), events.rebased(...)
@@ -137,9 +166,12 @@ offloaded = Offloaded
 tool_refused = ToolRefused
 preparation_restarted = PreparationRestarted
 dropped = Dropped
+probe_skipped = ProbeSkipped
+compaction_skipped = CompactionSkipped
 
 ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
-                           ToolRefused, PreparationRestarted, Dropped)}
+                           ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped)}
 
 __all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
-           "ToolRefused", "PreparationRestarted", "Dropped", "ALL"]
+           "ToolRefused", "PreparationRestarted", "Dropped", "ProbeSkipped",
+           "CompactionSkipped", "ALL"]

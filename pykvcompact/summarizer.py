@@ -17,19 +17,39 @@ import time
 from collections import Counter
 from typing import Callable, List, Optional, Sequence
 
-FAILURES = ("exception", "empty", "over_length", "timeout")
+FAILURES = ("exception", "empty", "over_length", "timeout", "tool_call")
+
+# The answer is prefilled with its first heading, so the model starts writing the summary (not a tool
+# call: the tool schema sits in the system prompt of the context the summary is written in).
+FIRST_HEADING = "Standing instructions:"
+_TOOL_CALL_RE = re.compile(r"<tool_call>|</tool_call>|\{\s*\"name\"\s*:|\"arguments\"\s*:|compact_conversation\s*\(|"
+                           r"<\|python_tag\|>|\[TOOL_CALLS\]")
+
+
+def looks_like_tool_call(text: str) -> bool:
+    """Tool-call syntax (Qwen/Hermes tags, OpenAI-style JSON, Llama's python tag) in a summary."""
+    return bool(_TOOL_CALL_RE.search(text or ""))
 
 SUMMARY_HEADER = "[Summary of the conversation before this point. The full messages are saved in {path}.]"
 
 
 def summarizer_request(history_path: str, max_tokens: int, instructions: Optional[str] = None,
-                       shorter: bool = False) -> str:
-    """The user message appended to the fork to ask for the summary."""
+                       shorter: bool = False, overflow_users: Sequence[str] = (), has_earlier: bool = False) -> str:
+    """The user message appended to the fork to ask for the summary.  ``overflow_users``: user messages
+    that will not be kept verbatim (over the ``keep_user_tokens`` budget): their constraints must be copied.
+    ``has_earlier``: an earlier summary above is carried forward verbatim, so only what is new is asked."""
     words = max(20, int(max_tokens * (0.35 if shorter else 0.6)))
     parts = [
         "Pause the task and write a summary of the conversation above, so that the work can continue "
-        f"from the summary alone. The full messages will be saved in {history_path}.",
+        f"from the summary alone. The full messages will be saved in {history_path}. Do not call any tool: "
+        "write plain text.",
+    ]
+    if has_earlier:
+        parts.append("The earlier summary above is kept word for word; summarize only what happened after it.")
+    parts += [
         "Use exactly these headings:",
+        f"{FIRST_HEADING} every instruction or constraint the user gave (ports, files not to touch, names, "
+        "dates, numbers), copied word for word, not paraphrased.",
         "Goal: what the user wants.",
         "Verified facts: facts established above, with their exact values (numbers, names, paths, results).",
         "Decisions: what was decided and why.",
@@ -39,6 +59,10 @@ def summarizer_request(history_path: str, max_tokens: int, instructions: Optiona
         "Write only what is stated above; do not invent anything; write \"none\" under an empty heading. "
         f"At most {words} words.",
     ]
+    if overflow_users:
+        parts.append("These user messages will not be kept; copy every constraint, number and name in them "
+                     f"under {FIRST_HEADING}")
+        parts += [f"- {_clip(u, 200)}" for u in list(overflow_users)[-4:]]  # the fork's cells are budgeted
     if instructions:
         parts.append(f"Focus on: {instructions.strip()}")
     return "\n".join(parts)
@@ -120,6 +144,8 @@ def validate(text: Optional[str], n_tokens: int, finish_reason: Optional[str], e
         return "exception"
     if not text or not text.strip():
         return "empty"
+    if looks_like_tool_call(text):
+        return "tool_call"
     if finish_reason == "length" or n_tokens > max_tokens:
         return "over_length"
     return None
@@ -271,6 +297,8 @@ class Attempt:
             text = ""
         elif self.fault == "over_length":
             fr = "length"
+        elif self.fault == "tool_call":
+            text = '{"name": "compact_conversation", "arguments": {}}'
         reason = validate(text, len(self.tokens), fr, self.error, self.max_tokens)
         return text.strip(), reason
 
@@ -293,5 +321,5 @@ class Summarizer:
                        detokenize=detokenize, fault=self.next_fault(), attempt=attempt)
 
 
-__all__ = ["Summarizer", "Attempt", "summarizer_request", "summary_message", "fallback_summary", "validate",
+__all__ = ["FIRST_HEADING", "looks_like_tool_call", "Summarizer", "Attempt", "summarizer_request", "summary_message", "fallback_summary", "validate",
            "FAILURES", "SUMMARY_HEADER"]

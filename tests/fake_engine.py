@@ -21,7 +21,7 @@ EOG_TEXT = "<|im_end|>"
 def default_responder(prompt: str) -> str:
     last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
     if "write a summary of the conversation" in last_user:
-        return "Goal: test the session.\nVerified facts: none\nNext step: continue."
+        return "Standing instructions: none\nGoal: test the session.\nVerified facts: none\nNext step: continue."
     n = prompt.count("<|im_start|>assistant")
     return f"Reply number {n}: noted and done."
 
@@ -41,6 +41,12 @@ class FakeJob:
         return True
 
     def result(self, timeout=None):
+        if timeout is not None and self._polls > 0:  # a job that needs more engine steps than the wait allows
+            import time
+            time.sleep(min(timeout, 0.002))
+            self._polls -= 1
+            if self._polls > 0:
+                raise TimeoutError(f"the job did not finish within {timeout} s")
         self._polls = 0
         if self.error:
             raise errors.EngineError(self.error)

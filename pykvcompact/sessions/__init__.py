@@ -1,0 +1,1 @@
+"""The parts of a session: small objects behind the pykvcompact.session.Session facade."""

@@ -1,0 +1,249 @@
+"""Executing the policy's decisions: make room before each step, compact (synchronously or by committing
+the background preparation), drop only when nothing can be summarized, run the schedule between steps."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from .. import events as ev
+from ..policy import needs_restart, sync_due, summary_message_budget
+from . import scheduler as sch
+from .port import engine_errors, free_cells
+from .preparation import Preparation
+from .swap import Replacement, Swap
+
+LOOSE = ("manual", "tool", "window_full", "compress")
+
+
+class Compactor:
+    def __init__(self, ctx, ledger, maker, policy, limits, emit: Callable[[ev.Event], None]):
+        self.ctx, self.ledger, self.maker, self.policy, self.lim, self.emit = ctx, ledger, maker, policy, limits, emit
+        self.swap = Swap(ctx, ledger, policy.rebase)
+        self.prep: Optional[Preparation] = None
+        self.meter = sch.RateMeter()
+        self.no_gain_until = -1          # live size below which a summary is known to gain nothing
+        self.worst_stall_ms = 0.0
+        self.margin = policy.chunk_tokens + 8
+        ctx.on_truncate = self._on_truncate
+
+    # ------------------------------------------------------------------ helpers
+    def _mark(self, loose: bool = False) -> Optional[int]:
+        return self.ctx.choose_mark(self.lim.keep_recent, 1 if loose else self.lim.min_span)
+
+    def _room_for(self, n: int) -> bool:
+        return free_cells(self.ctx.engine) >= n + 8
+
+    def _state(self, after: int, waited_ms: float = 0.0) -> sch.State:
+        p, n = self.prep, len(self.ctx)
+        shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
+        return sch.State(tokens=n, tokens_after=after, prep=p.state if p else "none",
+                         summary_left=p.summary_left() if p else self.lim.summary,
+                         prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
+                         waited_ms=waited_ms, headroom_ok=free_cells(self.ctx.engine) - (after - n) >= shadow)
+
+    def _on_truncate(self, n: int) -> None:
+        p = self.prep
+        if p is not None and n < len(self.ctx.seq):
+            if n < p.mark_tok:
+                self.cancel("history_changed")
+            else:
+                p.drop_rebase()
+
+    # ------------------------------------------------------------------ room before a step
+    def room_ok(self, after: int) -> bool:
+        if after > self.lim.window:
+            return False
+        mode = self.policy.mode
+        if mode == "none" or not sync_due(self.policy, self.lim, after):
+            return True
+        if mode == "background":
+            return sch.edge_action(self.policy, self.lim, self._state(after), self.margin).kind == "none"
+        return self._mark() is None or len(self.ctx) < self.no_gain_until
+
+    def make_room(self, after_fn: Callable[[], int]) -> bool:
+        """Compact (or, when nothing can be summarized, drop) so that ``after_fn()`` tokens fit."""
+        after = after_fn()
+        bg = self.policy.mode == "background"
+        if bg and self.prep is None and after <= self.lim.window - self.margin and sync_due(self.policy, self.lim, after):
+            self.start("hard", loose=True)  # late: prepare now and use the headroom above hard meanwhile
+        if self.policy.mode != "none" and not self.room_ok(after):
+            trig = "fixed" if self.policy.mode == "fixed" else "hard"
+            if self.prep is not None or self._mark() is not None:
+                self.compact(trig, edge=bg)
+                after = after_fn()
+        if after > self.lim.window and self.policy.mode != "none" and self._mark(loose=True) is not None:
+            self.compact("window_full", edge=True)
+            after = after_fn()
+        if after > self.lim.window:
+            self.drop(after - self.lim.window, "truncation" if self.policy.mode == "none" else "no_cut_point")
+            after = after_fn()
+        return after <= self.lim.window
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, trigger: str, instructions: Optional[str] = None, edge: bool = False) -> Optional[ev.Rebased]:
+        if self.policy.mode == "background" or self.prep is not None:
+            return self._commit(trigger, instructions, edge)
+        return self._sync(trigger, instructions)
+
+    def _skip(self, reason: str, trigger: str) -> None:
+        self.emit(ev.CompactionSkipped(reason, trigger, len(self.ctx) / self.lim.window))
+
+    def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
+        t0 = time.perf_counter()
+        mark = self._mark() or (self._mark(loose=True) if trigger in LOOSE else None)
+        if mark is None:
+            self._skip("no_cut_point", trigger)
+            return None
+        self.emit(ev.SummaryStarted(mark, self.ctx.mark_tok(mark), background=False, reason=trigger))
+        job = self.maker.start(mark, instructions, background=False)
+        summary = job.wait()
+        self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
+        rep = self.maker.replacement(mark, summary)
+        return self._swap(rep, trigger, t0, prepared=False, summary=summary)
+
+    def _commit(self, trigger: str, instructions: Optional[str], edge: bool) -> Optional[ev.Rebased]:
+        t0 = time.perf_counter()
+        p = self.prep
+        if p is not None and instructions and p.instructions != instructions:
+            self.cancel("new_instructions")
+            p = None
+        if p is None and not self.start(trigger, instructions, loose=trigger in LOOSE or edge):
+            self._skip("no_cut_point", trigger)
+            return None
+        p = self.prep
+        prepared = p.state == "caught_up"
+        wait_s = self.policy.max_stall_ms / 1000.0 if edge else None
+        summary = p.finish(wait_s)
+        if summary.reason == "max_stall":
+            self.emit(ev.SummaryFailed("max_stall", summary.attempts, f"not ready after {self.policy.max_stall_ms} ms"))
+        if p.ready_at and p.ready_at >= t0:
+            self.emit(self.maker.ready_event(summary, p.elapsed_ms))
+        if p.rb is not None and not p.rb.done() and edge:
+            left = max(0.0, self.policy.max_stall_ms / 1000.0 - (time.perf_counter() - t0))
+            p.rb.wait(left)
+        self.prep = None
+        wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
+        return self._swap(p.replacement, trigger, t0, prepared=prepared, summary=summary, rb=p.rb, wait_ms=wait_ms)
+
+    def _swap(self, rep: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rb=None,
+              wait_ms: float = 0.0) -> Optional[ev.Rebased]:
+        if self.swap.gain(rep) <= 0:  # the summary is not smaller than what it replaces: remember it
+            if rb is not None:
+                try:
+                    rb.cancel()
+                except Exception:  # noqa: BLE001
+                    pass
+            self.no_gain_until = len(self.ctx) + self.lim.min_span
+            self._skip("no_gain", trigger)
+            return None
+        info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
+        self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
+        stall = (time.perf_counter() - t0) * 1000.0
+        self.worst_stall_ms = max(self.worst_stall_ms, stall)
+        e = ev.Rebased(info.get("mode", self.policy.rebase), info["tokens_before"], info["tokens_after"], stall,
+                       int(info.get("catch_up_tokens", 0)), trigger=trigger, prepared=prepared,
+                       engine_stall_ms=info.get("stall_ms"), wait_ms=wait_ms, fallback=summary.fallback,
+                       worst_stall_ms=self.worst_stall_ms)
+        self.emit(e)
+        return e
+
+    def drop(self, need: int, reason: str) -> bool:
+        """Context shift: drop the oldest turns after the system prompt (offloaded first)."""
+        from .marks import drop_plan
+        self.cancel("window_full")
+        ctx = self.ctx
+        if len(ctx.entries) <= ctx.n_prefix or ctx.entries[ctx.n_prefix].start_tok is None:
+            return False
+        m = drop_plan(ctx.msg_infos(), ctx.n_prefix, need)
+        if m is None:
+            return False
+        t0 = time.perf_counter()
+        span = ctx.span(m)
+        self.emit(ev.Dropped(m - ctx.n_prefix, span[1] - span[0], reason=reason))
+        can_shift = ctx.engine.capabilities.get("can_shift") and self.policy.mode == "none"
+        info = self.swap.run(Replacement(m, None, None, "", []), reason=f"context shift ({reason})",
+                             mode="splice" if can_shift else None)
+        self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
+        stall = (time.perf_counter() - t0) * 1000.0
+        self.worst_stall_ms = max(self.worst_stall_ms, stall)
+        self.emit(ev.Rebased(info.get("mode", "exact"), info["tokens_before"], info["tokens_after"], stall,
+                             int(info.get("catch_up_tokens", 0)), trigger="window", worst_stall_ms=self.worst_stall_ms))
+        return True
+
+    # ------------------------------------------------------------------ the background preparation
+    def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False) -> bool:
+        mark = self._mark(loose)
+        if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
+            return False
+        ctx = self.ctx
+        try:
+            job = self.maker.start(mark, instructions, background=self.policy.mode == "background")
+        except engine_errors():
+            return False
+        self.prep = Preparation(job, mark=mark, mark_tok=ctx.mark_tok(mark), prefix_tok=ctx.prefix_tok(),
+                                instructions=instructions, build=lambda s: self.maker.replacement(mark, s),
+                                reason=reason)
+        self.emit(ev.SummaryStarted(mark, ctx.mark_tok(mark), background=True, reason=reason))
+        return True
+
+    def cancel(self, reason: Optional[str]) -> None:
+        p, self.prep = self.prep, None
+        if p is None:
+            return
+        p.cancel()
+        if reason is not None:
+            self.emit(ev.PreparationRestarted(reason, p.mark, len(self.ctx) - p.mark_tok))
+
+    def tick(self) -> None:
+        """Between steps (background mode): advance the preparation, start one when the schedule says,
+        restart one the raw tail has outgrown, commit one a COMPRESS verdict asked for once caught up."""
+        if self.policy.mode != "background":
+            return
+        p = self.prep
+        if p is not None:
+            if p.advance(self.ctx.seq, room=self._room_for, mode=self.policy.rebase):
+                self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
+                self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
+            if p.rb is not None and p.rb.done() and p.rb_t0:
+                self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
+                p.rb_t0 = 0.0
+            self._restart_if_needed()
+        n = len(self.ctx)
+        if self.prep is None:
+            why = sch.start_reason(self.policy, self.lim, self._state(n), self.meter.rates())
+            if why:
+                self.start(why)
+        p = self.prep
+        if p is not None and p.commit_trigger and p.state == "caught_up":
+            self._commit(p.commit_trigger, None, edge=False)
+
+    def _restart_if_needed(self) -> None:
+        p = self.prep
+        known = p.replacement is not None
+        summary = len(p.replacement.tokens) if known else summary_message_budget(self.policy, self.lim.window)
+        tail = len(self.ctx) - p.mark_tok
+        why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
+                            tail_tokens=tail, overhead=0)
+        m = self._mark()
+        if not why or m is None or m <= p.mark or needs_restart(
+                self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
+                prefix_tokens=p.prefix_tok, tail_tokens=len(self.ctx) - self.ctx.mark_tok(m), overhead=0):
+            return
+        trig = p.commit_trigger
+        self.cancel(why)
+        if self.start("restart") and trig:
+            self.prep.commit_trigger = trig
+
+    def compress(self) -> None:
+        """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""
+        if self.policy.mode != "background":
+            self.compact("compress")
+            return
+        if self.prep is None:
+            self.start("compress", loose=True)
+        if self.prep is not None:
+            self.prep.commit_trigger = "compress"
+            self.tick()
+
+
+__all__ = ["Compactor"]

@@ -1,0 +1,71 @@
+"""The ledger: every message ever (the transcript), the ones that left the live context, the history file.
+
+``offload()`` is idempotent: a message is written to the history file once, however many times a swap
+that replaces it is retried (a set of written transcript indices).  ``forget()`` moves messages to
+``offloaded`` only once the swap that replaced them has succeeded.
+"""
+from __future__ import annotations
+
+import copy
+from typing import List, Sequence, Set
+
+from ..history import HistoryFile
+
+
+class Ledger:
+    def __init__(self, history: HistoryFile):
+        self.history = history
+        self.transcript: List[dict] = []
+        self.offloaded: List[dict] = []
+        self._written: Set[int] = set()      # transcript indices already in the history file
+        self._marked: Set[int] = set()       # summaries already marked as replaced
+        self.pinned: Set[int] = set()        # transcript indices kept verbatim in every compaction
+
+    @property
+    def path(self) -> str:
+        return str(self.history.path)
+
+    def record(self, msg: dict) -> int:
+        """Add ``msg`` to the transcript; returns its index."""
+        self.transcript.append(msg)
+        if msg.get("pinned"):
+            self.pinned.add(len(self.transcript) - 1)
+        return len(self.transcript) - 1
+
+    def pin(self, index: int) -> dict:
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError(f"message_index must be an int, got {type(index).__name__}")
+        n = len(self.transcript)
+        if not -n <= index < n:
+            raise IndexError(f"message_index {index} is out of range: the transcript has {n} messages")
+        index %= n
+        m = self.transcript[index]
+        if m.get("summary"):
+            raise ValueError("a summary cannot be pinned; pin the message it replaced instead")
+        self.pinned.add(index)
+        return m
+
+    def is_pinned(self, index: int) -> bool:
+        return index in self.pinned
+
+    def offload(self, entries: Sequence, reason: str) -> int:
+        """Write the messages of ``entries`` (objects with ``msg``, ``tidx``, ``summary``) not yet written
+        (durably, before the live context forgets them). Returns how many were newly written."""
+        new = [e for e in entries if not e.summary and e.tidx not in self._written]
+        summ = [e.tidx for e in entries if e.summary and e.tidx not in self._marked]
+        if not new and not summ:
+            return 0
+        self.history.append([e.msg for e in new], indices=[e.tidx for e in new], reason=reason, summaries=summ)
+        self._written.update(e.tidx for e in new)
+        self._marked.update(summ)
+        return len(new)
+
+    def forget(self, entries: Sequence) -> None:
+        """The swap that replaced ``entries`` succeeded: they are now offloaded (and only now)."""
+        self.offloaded.extend(e.msg for e in entries if not e.summary)
+
+    def copy(self) -> List[dict]:
+        return [copy.deepcopy(m) for m in self.transcript]
+
+
+__all__ = ["Ledger"]

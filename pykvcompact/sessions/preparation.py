@@ -1,0 +1,92 @@
+"""A background preparation: a :class:`SummaryJob` on a fork cut at the mark, then the rebased context
+(``prefix + summary + raw tail``) prefilled with ``prepare_rebase`` and kept caught up by the engine.
+
+States: ``summarizing`` -> ``ready`` (summary and replacement built; rebase being prefilled, or not
+started when the pool had no room) -> ``caught_up`` (the commit is O(1) plus the last few tokens).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from .port import engine_errors
+from .summary_job import Summary, SummaryJob
+from .swap import Replacement
+
+
+class Preparation:
+    def __init__(self, job: SummaryJob, *, mark: int, mark_tok: int, prefix_tok: int, instructions: Optional[str],
+                 build: Callable[[Summary], Replacement], reason: str):
+        self.job, self.mark, self.mark_tok, self.prefix_tok = job, mark, mark_tok, prefix_tok
+        self.instructions, self._build, self.reason = instructions, build, reason
+        self.t0 = time.perf_counter()
+        self.replacement: Optional[Replacement] = None
+        self.rb = None
+        self.rb_t0 = 0.0
+        self.commit_trigger: Optional[str] = None   # "compress": commit once caught up
+        self.ready_at: Optional[float] = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self) -> str:
+        if self.replacement is None:
+            return "summarizing"
+        if self.rb is not None and self.rb.done():
+            return "caught_up"
+        return "ready"
+
+    @property
+    def summary(self) -> Optional[Summary]:
+        return self.job.summary
+
+    def summary_left(self) -> int:
+        return 0 if self.job.done else max(0, self.job.max_tokens - self.job.generated)
+
+    # ------------------------------------------------------------------ verbs
+    def advance(self, seq, *, room: Callable[[int], bool], mode: str = "exact") -> bool:
+        """Poll the summary; once there, build the replacement and start the rebased prefill (when the
+        pool has room for it). True when the summary just became ready."""
+        became = False
+        if self.replacement is None:
+            if not self.job.poll():
+                return False
+            self._ready()
+            became = True
+        if self.rb is None and room(len(self.replacement.tokens) + len(seq) - self.mark_tok):
+            try:
+                self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
+                self.rb_t0 = time.perf_counter()
+            except engine_errors():  # no slot or cells now: the commit prepares it synchronously
+                self.rb = None
+        return became
+
+    def _ready(self) -> None:
+        self.replacement = self._build(self.job.summary)
+        self.ready_at = time.perf_counter()
+
+    def finish(self, timeout_s: Optional[float]) -> Summary:
+        """Block for the summary at most ``timeout_s`` (then the fallback); build the replacement."""
+        if self.replacement is None:
+            self.job.wait(timeout_s)
+            self._ready()
+        return self.job.summary
+
+    def drop_rebase(self) -> None:
+        """The live tokens after the mark changed: the prepared rebase follows old tokens; redo it later."""
+        if self.rb is not None:
+            try:
+                self.rb.cancel()
+            except Exception:  # noqa: BLE001
+                pass
+            self.rb = None
+
+    def cancel(self) -> None:
+        self.job.cancel()
+        self.drop_rebase()
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+
+__all__ = ["Preparation"]

@@ -1,0 +1,111 @@
+"""Building summaries of the live history: the summarizer prompt on a fork, the summary message that
+replaces the history (kept user messages, carried facts, the new summary) and its tokens."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from .. import events as ev
+from ..chat_template import common_prefix_len
+from ..summarizer import (FIRST_HEADING, SUMMARY_HEADER, fallback_summary, looks_like_tool_call,
+                          summarizer_request)
+from .context import Context
+from .keeper import Candidate, SummaryMeta, compose, plan_kept, trim_lines
+from .ledger import Ledger
+from .messages import view_of
+from .summary_job import Summary, SummaryJob
+from .port import free_cells
+from .swap import Replacement
+
+
+class SummaryMaker:
+    def __init__(self, ctx: Context, ledger: Ledger, policy, limits, summarizer, emit):
+        self.ctx, self.ledger, self.policy, self.limits = ctx, ledger, policy, limits
+        self.summarizer, self.emit = summarizer, emit
+        self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
+        self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
+
+    # ------------------------------------------------------------------ what is kept
+    def _first_user(self) -> Optional[int]:
+        return next((i for i, m in enumerate(self.ledger.transcript)
+                     if m.get("role") == "user" and not m.get("summary")), None)
+
+    def plan(self, mark: int):
+        """``(kept, overflow, carried)`` for a summary of ``entries[n_prefix:mark]``."""
+        first = self._first_user()
+        cands, carried = [], []
+        for e in self.ctx.entries[self.ctx.n_prefix:mark]:
+            if e.summary:
+                meta = self.meta.get(id(e.msg), SummaryMeta())
+                cands.extend(meta.kept)
+                carried.append(meta.body)
+            elif e.msg.get("role") == "user" or self.ledger.is_pinned(e.tidx):
+                text = e.msg.get("content") or ""
+                cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
+                                       self.ledger.is_pinned(e.tidx), e.tidx == first))
+        kept, overflow = plan_kept(cands, self.limits.keep_user)
+        return kept, overflow, "\n".join(c for c in carried if c.strip())
+
+    # ------------------------------------------------------------------ the job
+    def start(self, mark: int, instructions: Optional[str], *, background: bool) -> SummaryJob:
+        ctx = self.ctx
+        mark_tok = ctx.mark_tok(mark)
+        kept, overflow, carried = self.plan(mark)
+        self.summarized_users.extend(c.tidx for c in overflow)
+        base = ctx.views()[:mark]
+
+        def prompt(shorter: bool) -> List[int]:
+            req = {"role": "user", "content": summarizer_request(
+                self.ledger.path, self.limits.summary, instructions, shorter,
+                overflow_users=[c.content for c in overflow], has_earlier=bool(carried))}
+            B = ctx.render(base)
+            N = ctx.render(base + [req], True) + FIRST_HEADING
+            c = len(B) if N.startswith(B) else common_prefix_len(B, N)
+            return ctx.tok(N[c:])
+
+        def fork_at():
+            f = ctx.seq.fork()
+            f.truncate(mark_tok)
+            return f
+
+        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark]]
+        return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
+                          fallback=lambda reason: self.fallback_text(msgs, reason), detok=ctx.detok,
+                          max_tokens=self.limits.summary, timeout=self.policy.summary_timeout,
+                          retries=self.policy.summary_retries, background=background, emit=self.emit,
+                          head=FIRST_HEADING, count=lambda t: len(ctx.tok(t)),
+                          room=lambda n: free_cells(ctx.engine) >= n + 8)
+
+    def fallback_text(self, msgs, reason: str) -> str:
+        budget = self.limits.summary
+        text = fallback_summary([m for m in msgs if not looks_like_tool_call(m.get("content") or "")],
+                                reason=reason, max_chars=budget * 6)
+        lines = text.split("\n")
+        while len(lines) > 2 and len(self.ctx.tok("\n".join(lines))) > budget:
+            lines.pop()  # least important last
+        text = "\n".join(lines)
+        while len(self.ctx.tok(text)) > budget and len(text) > 40:
+            text = text[: int(len(text) * 0.85)] + "…"
+        return text
+
+    # ------------------------------------------------------------------ the replacement
+    def replacement(self, mark: int, summary: Summary) -> Replacement:
+        kept, _, carried = self.plan(mark)
+        count = lambda t: len(self.ctx.tok(t))  # noqa: E731
+        carried = trim_lines(carried, max(self.limits.summary // 2, self.limits.summary - summary.tokens), count)
+        header = SUMMARY_HEADER.format(path=self.ledger.path)
+        content = compose(header, kept, carried, summary.text)
+        msg = {"role": "user", "content": content, "summary": True}
+        self.meta[id(msg)] = SummaryMeta(kept, (carried + "\n" + summary.text).strip())
+        view = view_of(msg)
+        ctx = self.ctx
+        pre = ctx.views()[:ctx.n_prefix]
+        B = ctx.render(pre)
+        N = ctx.render(pre + [view])
+        r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
+        return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
+
+    def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
+        return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts)
+
+
+__all__ = ["SummaryMaker"]

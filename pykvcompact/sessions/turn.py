@@ -1,0 +1,95 @@
+"""One assistant reply: generated in chunks (room made and the schedule run between chunks), streamed as
+text deltas with incomplete UTF-8 held back, stop strings honoured, tool calls parsed when it closes.
+
+If the caller closes the stream early or the engine fails mid-reply, what was generated stays: the reply
+is closed and recorded (even when appending its end-of-turn tokens fails, it is in the transcript)."""
+from __future__ import annotations
+
+from typing import List
+
+from ..tool_calls import parse_tool_calls
+
+
+class Turn:
+    def __init__(self, session, max_tokens: int, sampling: dict, stop: tuple, streaming: bool):
+        self.s, self.max_tokens, self.sampling, self.stop, self.streaming = session, max_tokens, sampling, stop, streaming
+        self.finish = "length"
+
+    def run(self):
+        """Generator of text deltas and events; returns ``(message, finish_reason, n_generated)``."""
+        s, ctx = self.s, self.s._ctx
+        s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)))
+        p = ctx.begin_reply()
+        yield from s._drain()
+        shown, completed = 0, False
+        try:
+            while len(p.tokens) < self.max_tokens:
+                n = min(s.policy.chunk_tokens, self.max_tokens - len(p.tokens))
+                if not s._compactor.room_ok(len(ctx) + n):
+                    s._compactor.make_room(lambda: len(ctx) + n)
+                    yield from s._drain()
+                    if len(ctx) + n > s.window:
+                        n = s.window - len(ctx) - 4  # leave room to close the turn
+                        if n <= 0:
+                            break
+                s._compactor.tick()
+                yield from s._drain()
+                got: List[int] = []
+                if self.streaming:
+                    it = ctx.seq.stream(n, stop=self.stop, **self.sampling)
+                    try:
+                        for t in it:
+                            got.append(t)
+                            text = ctx.detok(p.tokens + got)
+                            if not text.endswith("\ufffd") and len(text) > shown:
+                                yield text[shown:]
+                                shown = len(text)
+                    finally:
+                        close = getattr(it, "close", None)
+                        if close is not None:
+                            close()  # cancels the generation if we stopped early (tokens decoded stay)
+                else:
+                    got = list(ctx.seq.generate(n, stop=self.stop, **self.sampling))
+                ctx.reply_tokens(got)
+                s._prober.generated(len(got))
+                if len(got) < n or (self.stop and any(x in ctx.reply_text() for x in self.stop)):
+                    self.finish = "stop"
+                    break
+                yield from s._probe_if_due()
+            completed = True
+        finally:
+            if not completed and ctx.partial is p:
+                try:  # keep what was generated (decoded tokens stay in the sequence) and close the turn
+                    p.tokens = ctx.seq.tokens[p.gen_tok:]
+                    ctx.text = ctx.text[:p.gen_char] + ctx.detok(p.tokens)
+                    self.close()
+                except Exception:  # noqa: BLE001 - the reply is recorded anyway; the original error propagates
+                    pass
+        raw = ctx.reply_text()
+        if self.streaming and len(raw) > shown:
+            yield raw[shown:]
+        msg = self.close()
+        yield from s._drain()
+        yield from s._probe_if_due()
+        s._compactor.tick()
+        yield from s._drain()
+        return msg, self.finish, len(p.tokens)
+
+    def close(self) -> dict:
+        """The generated reply becomes a live message (the template's end-of-turn tokens appended)."""
+        s = self.s
+        raw = s._ctx.reply_text()
+        content = raw
+        if self.stop:
+            cut = min((raw.find(x) for x in self.stop if x in raw), default=-1)
+            if cut >= 0:
+                content = raw[:cut]
+        parsed, calls = parse_tool_calls(content, s._ctx.tools)
+        msg = {"role": "assistant", "content": parsed if calls else content}
+        if calls:
+            msg["tool_calls"] = calls
+        s._append(msg, {"role": "assistant", "content": raw}, from_partial=True)
+        return msg
+
+
+__all__ = ["Turn"]
