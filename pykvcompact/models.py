@@ -21,6 +21,7 @@ import pathlib
 import tempfile
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
+from . import progress
 from .errors import InvalidModelError, ModelNotFoundError
 
 __all__ = [
@@ -173,12 +174,13 @@ def _write_stamp(path: pathlib.Path, sha256: str) -> None:
 
 def _sha256_file(path: pathlib.Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, progress.bar(path.stat().st_size, f"verifying {path.name}", "B", True) as bar:
         while True:
             b = f.read(CHUNK)
             if not b:
                 break
             h.update(b)
+            bar.update(len(b))
     return h.hexdigest()
 
 
@@ -270,7 +272,8 @@ def _join(spec: ModelSpec, parts: List[pathlib.Path], final: pathlib.Path) -> No
     fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp")
     tmp = pathlib.Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out:
+        total = sum(p.stat().st_size for p in parts)
+        with os.fdopen(fd, "wb") as out, progress.bar(total, f"joining {spec.name}", "B", True, delay=0.5) as bar:
             for part in parts:
                 with open(part, "rb") as src:
                     while True:
@@ -279,6 +282,7 @@ def _join(spec: ModelSpec, parts: List[pathlib.Path], final: pathlib.Path) -> No
                             break
                         h.update(b)
                         out.write(b)
+                        bar.update(len(b))
             out.flush()
             actual = h.hexdigest()
             if actual != spec.sha256:
