@@ -72,7 +72,8 @@ TOOLS = [
 
 
 def run_agent_demo(model=None, turns: int = 24, window: int = 2048, mode: str = "background", *,
-                   engine=None, n_ctx: Optional[int] = None, max_tokens: int = 32, summary_max_tokens: int = 96,
+                   engine=None, n_ctx: Optional[int] = None, max_tokens: int = 32,
+                   summary_max_tokens: Optional[int] = None,
                    probe_every: int = 64, rubric: str = "coding", history_dir: str = "conversation_history",
                    session_id: Optional[str] = None, show_text: bool = False, n_threads: Optional[int] = None,
                    out: Callable[[str], None] = print) -> dict:
@@ -90,7 +91,7 @@ def run_agent_demo(model=None, turns: int = 24, window: int = 2048, mode: str = 
                        rubric=rubric)
     own = engine is None
     if own:
-        need = n_ctx or (2 * window + summary_max_tokens + 1536)
+        need = n_ctx or (2 * window + 1536)
         engine = pk.Engine(model, n_ctx=need, n_seq_max=8, n_threads=n_threads)
     t_start = time.perf_counter()
     session = pk.Session(engine, system="You are a careful coding agent working in a small repository. "
@@ -160,6 +161,10 @@ def summarize_events(evs) -> dict:
         "rebases": len(reb),
         "rebases_by_trigger": by_trigger,
         "rebases_prepared": sum(1 for e in reb if e.prepared),
+        "rebases_fallback": sum(1 for e in reb if getattr(e, "fallback", False)),
+        "rebases_waited": sum(1 for e in reb if not e.prepared and not getattr(e, "fallback", False)),
+        "wait_ms_max": round(max((getattr(e, "wait_ms", 0.0) for e in reb), default=0.0), 1),
+        "worst_stall_ms": round(max((getattr(e, "worst_stall_ms", 0.0) for e in reb), default=0.0), 1),
         "stall_ms": [round(x, 1) for x in stalls],
         "stall_ms_median": round(statistics.median(stalls), 1) if stalls else None,
         "stall_ms_max": round(max(stalls), 1) if stalls else None,
@@ -169,6 +174,7 @@ def summarize_events(evs) -> dict:
         "summary_failures": sum(1 for e in evs if e.name == "summary_failed"),
         "preparation_restarts": sum(1 for e in evs if e.name == "preparation_restarted"),
         "dropped": sum(1 for e in evs if e.name == "dropped"),
+        "probes_skipped": sum(1 for e in evs if e.name == "probe_skipped"),
         "tool_refused": sum(1 for e in evs if e.name == "tool_refused"),
     }
 

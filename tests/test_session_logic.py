@@ -324,6 +324,7 @@ def test_chat_response_shape_and_stream(tmp_path):
     r = s.chat("hello", max_tokens=3)
     assert r["choices"][0]["finish_reason"] == "length"
     seen_events, text = [], ""
+    n0 = len(s.events)
     for i in range(20):
         for x in s.stream(user_msg(i), max_tokens=24):
             if isinstance(x, str):
@@ -334,7 +335,8 @@ def test_chat_response_shape_and_stream(tmp_path):
         assert s.last_response["choices"][0]["message"]["content"]
     assert "Reply number" in text
     assert "rebased" in seen_events and "summary_started" in seen_events
-    assert seen_events == [e.name for e in s.events if e.name in seen_events][-len(seen_events):] or seen_events
+    # every event of those calls was streamed, in order (issue 7 bug 11: this used to be `... or seen_events`)
+    assert seen_events == [e.name for e in s.events[n0:]]
 
 
 def test_other_tool_calls_are_handed_back(tmp_path):
