@@ -1,16 +1,14 @@
 // The engine: one llama_context, one thread that owns it, several KV sequences.
 //
 // Every llama call on the context happens on the engine thread. Callers submit commands (run between
-// two decodes, "between two tokens") and tasks (work that spans decode steps: prefill, generation,
-// rebase preparation). Each step is one llama_decode whose batch holds foreground rows first, then a
-// bounded chunk of background rows: at most `background_chunk_busy` while foreground work is in the
-// batch (on a CPU every extra row costs, so a foreground token is delayed by only a few rows), and
-// up to `background_chunk` when the foreground is idle.
+// two decodes, "between two tokens") and tasks (work that spans decode steps: prefill, probe,
+// generation, rebase preparation). Each step is one llama_decode whose batch holds, in order:
+// generation rows of urgent work, prefill chunks of urgent work (round-robin), then a bounded chunk
+// of background rows: at most `background_chunk_busy` next to urgent rows or while commands wait,
+// up to `background_chunk` when nothing else runs. A background job somebody is blocked on is urgent.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -19,16 +17,14 @@
 #include <thread>
 #include <vector>
 
-#include "cell_ledger.h"
+#include "command_queue.h"
 #include "errors.h"
 #include "job.h"
+#include "kv_book.h"
 #include "llama.h"
 #include "sampler.h"
-#include "sequence.h"
 
 namespace pkc {
-
-enum class RowKind : int { Foreground = 0, Background = 1, Probe = 2 };
 
 struct EngineOptions {
     std::string model_path;
@@ -45,29 +41,7 @@ struct EngineOptions {
     bool verbose = false;
 };
 
-class Engine;
-
-// Work that spans decode steps. Lives on the engine thread only.
-struct Task {
-    explicit Task(RowKind k) : kind(k), job(std::make_shared<Job>()) {}
-    virtual ~Task() = default;
-    RowKind kind;
-    std::shared_ptr<Job> job;
-    bool finished = false;
-    uint64_t waiting_on = 0;  // a queued background task: the sequence it waits to have to itself
-    std::vector<int> rows;  // batch rows this task added in the current step
-
-    virtual bool has_work(Engine & e) = 0;
-    // Adds at most `budget` rows to the batch; may finish the task without adding any.
-    virtual int add_rows(Engine & e, int budget) = 0;
-    virtual void after_decode(Engine & e) = 0;
-    // Ends the task with an error; releases whatever it holds. The sequences it touched in the
-    // failed step were already rolled back by the engine.
-    virtual void abort(Engine & e, std::exception_ptr err, const std::string & msg) = 0;
-    // True if the task reads or writes this sequence handle (closing it must end the task).
-    virtual bool touches(uint64_t handle) const = 0;
-};
-
+struct Task;
 struct RebaseTask;
 
 class Engine {
@@ -76,30 +50,43 @@ public:
     ~Engine();
     Engine(const Engine &) = delete;
     Engine & operator=(const Engine &) = delete;
+    // Idempotent and safe from several threads and from the destructor: stops the engine thread
+    // (every pending job fails with EngineClosedError), then frees the context and the model.
     void shutdown();
 
-    // ---- thread-safe, callable from any thread (they run commands on the engine thread) ----
+    // ---- model and text: any thread; EngineClosedError after shutdown
     std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string detokenize(const std::vector<llama_token> & tokens, bool special) const;
     std::string token_to_piece(llama_token t, bool special) const;
+    bool is_eog(llama_token t) const;
+    llama_token special_token(const std::string & which) const;  // bos, eos, eot
+    bool add_bos() const;
+    std::string chat_template(bool & found) const;
+    std::map<std::string, std::string> metadata() const;
+    std::map<std::string, std::string> capabilities_strings() const;
+    int n_ctx_train() const;
+    int n_swa() const { return n_swa_; }
+    bool mrope() const { return mrope_; }
     int n_vocab() const { return n_vocab_; }
     uint32_t n_ctx() const { return n_ctx_; }
     uint32_t n_seq_max() const { return opts_.n_seq_max; }
-    const llama_vocab * vocab() const { return vocab_; }
-    const llama_model * model() const { return model_; }
     bool can_shift() const { return can_shift_; }
+    bool recurrent() const { return recurrent_; }
+    bool hybrid() const { return hybrid_; }
     bool recurrent_state() const { return recurrent_ || hybrid_; }
-    std::map<std::string, std::string> capabilities_strings() const;
     void validate_tokens(const std::vector<llama_token> & tokens) const;
 
+    // ---- sequences: any thread; each runs as a command on the engine thread
     uint64_t seq_create();
     std::shared_ptr<Job> seq_append(uint64_t h, const std::vector<llama_token> & tokens, RowKind kind, bool all_logits);
+    std::shared_ptr<Job> seq_probe(uint64_t h, const std::vector<llama_token> & tokens,
+                                   const std::vector<llama_token> & label_tokens);
     std::vector<float> seq_logits(uint64_t h);
     std::vector<llama_token> seq_tokens(uint64_t h);
     size_t seq_len(uint64_t h);
     std::pair<int, int> seq_pos_range(uint64_t h);  // llama_memory_seq_pos_min/max
     int seq_slot(uint64_t h);
-    uint64_t seq_fork(uint64_t h);
+    uint64_t seq_fork(uint64_t h, int64_t n_tokens);  // n_tokens < 0: all
     void seq_truncate(uint64_t h, size_t n);
     void seq_close(uint64_t h);
     std::shared_ptr<Job> seq_generate(uint64_t h, int max_tokens, const SamplingParams & sp,
@@ -114,73 +101,56 @@ public:
     std::map<std::string, double> stats();
     std::map<std::string, long> tokens_per_sequence();
     size_t used_cells();
-
-    // ---- engine thread only (used by tasks) ----
-    SeqState & seq(uint64_t h);
-    SeqState * find_seq(uint64_t h);
-    size_t free_cells() const { return n_ctx_ - ledger_.used(); }
-    // Adds one token of `s` at position s.size() to the batch; returns its batch row.
-    int add_row(SeqState & s, llama_token t, bool want_logits, RowKind kind);
-    const float * row_logits(int row) const;
-    void store_logits(SeqState & s, int row);
-    void truncate_kv(SeqState & s, size_t n);  // throws UnsupportedOperationError if llama refuses
-    void release_sequence(SeqState & s);       // frees cells and slot, forgets the handle
-    llama_seq_id alloc_slot();
-    uint64_t new_handle() { return next_handle_++; }
-    std::map<uint64_t, SeqState> & sequences() { return seqs_; }
-    void finish_rebase(RebaseTask & rt);      // the O(1) swap
-    void note_catch_up(long rows) { stat_catch_up_rows_ += rows; }
-    bool in_mixed_step() const { return step_mixed_; }
+    void inject_decode_failures(int count, int rc);  // tests: the next `count` decodes return rc
 
 private:
-    template <class F> auto call(F && f) -> decltype(f());
-    void submit_task(std::unique_ptr<Task> t);
-    // Claims the sequence for a new task, or queues a background task behind the background job that
-    // holds it (a summary's prompt prefill then its generation); anything else on a busy sequence
-    // raises SequenceBusyError.
-    void claim_or_queue(SeqState & s, Task & t);
-    bool has_queued(uint64_t h) const;
+    template <class F> auto run_on_engine_thread(F && f) -> decltype(f());
+    void check_open() const;
+    void submit(std::unique_ptr<Task> t);
+    RebaseTask * find_rebase(uint64_t shadow_id);
+    void end_tasks_touching(uint64_t handle, const std::string & why);
+
+    // the step loop (engine_step.cpp)
     void loop();
     bool step();
-    void end_tasks_touching(uint64_t handle, const std::string & why);
-    RebaseTask * find_rebase(uint64_t id);
+    std::vector<Task *> build_batch(int budget, bool allow_background, bool & progress);
+    void dispatch(const std::vector<Task *> & active);
+    void reap_finished();
 
     EngineOptions opts_;
     llama_model * model_ = nullptr;
     llama_context * ctx_ = nullptr;
-    llama_memory_t mem_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     int n_vocab_ = 0;
     uint32_t n_ctx_ = 0;
-    bool can_shift_ = false, recurrent_ = false, hybrid_ = false;
+    bool can_shift_ = false, recurrent_ = false, hybrid_ = false, mrope_ = false;
     int n_swa_ = 0;
-    mutable std::mutex tok_mu_;
+    // Guards the model against shutdown: readers (tokenize, metadata...) hold it, shutdown frees
+    // the model under it. Tokenization is serialised by it as well.
+    mutable std::mutex model_mu_;
+    std::mutex life_mu_;  // one shutdown at a time
+    bool closed_ = false;  // under model_mu_
 
     // engine-thread state
-    std::map<uint64_t, SeqState> seqs_;
-    std::vector<bool> slot_used_;
-    uint64_t next_handle_ = 1;
-    CellLedger ledger_;
+    std::unique_ptr<KvBook> kv_;
     std::vector<std::unique_ptr<Task>> tasks_;
-    llama_batch batch_{};
-    std::vector<RowKind> row_kind_;
-    std::map<uint64_t, size_t> step_len_before_;  // rollback points for the current step
-    bool step_mixed_ = false;
+    size_t round_robin_ = 0;
     uint32_t job_counter_ = 0;
 
-    // counters (engine thread writes, stats() reads on the engine thread)
-    long stat_decode_calls_ = 0, stat_mixed_batches_ = 0, stat_failed_decodes_ = 0;
-    long stat_rows_[3] = {0, 0, 0};
-    double stat_decode_ms_ = 0;
-    long stat_rebases_ = 0, stat_catch_up_rows_ = 0, stat_forks_ = 0;
-
-    // command queue
-    std::mutex q_mu_;
-    std::condition_variable q_cv_;
-    std::vector<std::function<void()>> commands_;
-    bool stopping_ = false;
+    std::shared_ptr<CommandQueue> inbox_ = std::make_shared<CommandQueue>();
     std::thread thread_;
     std::thread::id engine_thread_id_;
 };
+
+// Runs f on the engine thread between two steps and returns its result (or rethrows).
+template <class F>
+auto Engine::run_on_engine_thread(F && f) -> decltype(f()) {
+    using R = decltype(f());
+    if (std::this_thread::get_id() == engine_thread_id_) return f();
+    auto task = std::make_shared<std::packaged_task<R()>>(std::forward<F>(f));
+    std::future<R> fut = task->get_future();
+    if (!inbox_->push([task] { (*task)(); })) throw EngineClosedError("the engine is closed; create a new Engine");
+    return fut.get();
+}
 
 }  // namespace pkc

@@ -11,6 +11,8 @@ struct ContextFullError : EngineError { using EngineError::EngineError; };
 // Every sequence slot (n_seq_max) is taken.
 struct SlotsExhaustedError : EngineError { using EngineError::EngineError; };
 struct SequenceClosedError : EngineError { using EngineError::EngineError; };
+// The engine was closed: every call after Engine.close() raises this.
+struct EngineClosedError : EngineError { using EngineError::EngineError; };
 // The loaded model cannot do this (e.g. shifting positions on an M-RoPE or recurrent model).
 struct UnsupportedOperationError : EngineError { using EngineError::EngineError; };
 // The sequence already has a running job (generation or prefill) on it.

@@ -33,6 +33,7 @@ void register_translators() {
         } catch (const ContextFullError & e) { raise("ContextFullError", e.what());
         } catch (const SlotsExhaustedError & e) { raise("SlotsExhaustedError", e.what());
         } catch (const SequenceClosedError & e) { raise("SequenceClosedError", e.what());
+        } catch (const EngineClosedError & e) { raise("EngineClosedError", e.what());
         } catch (const SequenceBusyError & e) { raise("SequenceBusyError", e.what());
         } catch (const UnsupportedOperationError & e) { raise("UnsupportedOperationError", e.what());
         } catch (const CancelledError & e) { raise("CancelledError", e.what());
@@ -63,24 +64,32 @@ PYBIND11_MODULE(_native, m) {
         .def("rethrow", [](const Job & j) { if (auto e = j.error()) std::rethrow_exception(e); })
         .def("rows_decoded", &Job::rows_decoded)
         .def("mixed_steps", &Job::mixed_steps)
+        .def("values", [](const Job & j) { return j.values(); })
         .def("logit_rows", [](const Job & j, int n_vocab) {
-            std::vector<float> r = j.rows();
-            py::ssize_t rows = n_vocab > 0 ? (py::ssize_t) (r.size() / (size_t) n_vocab) : 0;
+            // The rows of a prefill with all_logits: (n_rows, n_vocab); n_vocab must be the model's.
+            const int cols = j.value_cols();
+            if (n_vocab != cols && !(cols == 0 && n_vocab > 0))
+                throw std::invalid_argument("logit_rows: n_vocab must be the model's vocabulary size (" + std::to_string(cols) +
+                                            "), got " + std::to_string(n_vocab));
+            std::vector<float> r = j.values();
+            const py::ssize_t rows = cols > 0 ? (py::ssize_t) (r.size() / (size_t) cols) : 0;
             return to_numpy(std::move(r), rows, n_vocab);
-        });
+        }, py::arg("n_vocab"));
 
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string & path, uint32_t n_ctx, uint32_t n_seq_max, int n_threads, uint32_t n_batch,
-                         uint32_t background_chunk, uint32_t background_chunk_busy, uint32_t seed, bool use_extra_bufts, int n_gpu_layers, int flash_attn, bool verbose) {
+                         uint32_t background_chunk, uint32_t background_chunk_busy, uint32_t seed, bool use_extra_bufts,
+                         int n_gpu_layers, int flash_attn, bool verbose) {
                  EngineOptions o;
                  o.model_path = path; o.n_ctx = n_ctx; o.n_seq_max = n_seq_max; o.n_threads = n_threads;
-                 o.n_batch = n_batch; o.background_chunk = background_chunk; o.background_chunk_busy = background_chunk_busy; o.seed = seed;
-                 o.use_extra_bufts = use_extra_bufts; o.n_gpu_layers = n_gpu_layers; o.flash_attn = flash_attn; o.verbose = verbose;
+                 o.n_batch = n_batch; o.background_chunk = background_chunk; o.background_chunk_busy = background_chunk_busy;
+                 o.seed = seed; o.use_extra_bufts = use_extra_bufts; o.n_gpu_layers = n_gpu_layers;
+                 o.flash_attn = flash_attn; o.verbose = verbose;
                  return new Engine(o);
              }),
              py::arg("model_path"), py::arg("n_ctx"), py::arg("n_seq_max"), py::arg("n_threads"), py::arg("n_batch"),
-             py::arg("background_chunk"), py::arg("background_chunk_busy"), py::arg("seed"), py::arg("use_extra_bufts"), py::arg("n_gpu_layers"),
-             py::arg("flash_attn"), py::arg("verbose"), Release())
+             py::arg("background_chunk"), py::arg("background_chunk_busy"), py::arg("seed"), py::arg("use_extra_bufts"),
+             py::arg("n_gpu_layers"), py::arg("flash_attn"), py::arg("verbose"), Release())
         .def("shutdown", &Engine::shutdown, Release())
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"), Release())
         .def("detokenize", [](const Engine & e, const std::vector<llama_token> & t, bool special) {
@@ -89,60 +98,55 @@ PYBIND11_MODULE(_native, m) {
             return py::bytes(s);
         }, py::arg("tokens"), py::arg("special"))
         .def("token_to_piece", [](const Engine & e, llama_token t, bool special) {
-            return py::bytes(e.token_to_piece(t, special));
+            std::string s;
+            { py::gil_scoped_release r; s = e.token_to_piece(t, special); }
+            return py::bytes(s);
         })
-        .def("is_eog", [](const Engine & e, llama_token t) { return t >= 0 && t < e.n_vocab() && llama_vocab_is_eog(e.vocab(), t); })
-        .def("token_bos", [](const Engine & e) { return llama_vocab_bos(e.vocab()); })
-        .def("token_eos", [](const Engine & e) { return llama_vocab_eos(e.vocab()); })
-        .def("token_eot", [](const Engine & e) { return llama_vocab_eot(e.vocab()); })
-        .def("add_bos", [](const Engine & e) { return llama_vocab_get_add_bos(e.vocab()); })
+        .def("is_eog", &Engine::is_eog, Release())
+        .def("token_bos", [](const Engine & e) { return e.special_token("bos"); }, Release())
+        .def("token_eos", [](const Engine & e) { return e.special_token("eos"); }, Release())
+        .def("token_eot", [](const Engine & e) { return e.special_token("eot"); }, Release())
+        .def("add_bos", &Engine::add_bos, Release())
         .def("n_vocab", &Engine::n_vocab)
         .def("n_ctx", &Engine::n_ctx)
         .def("n_seq_max", &Engine::n_seq_max)
         .def("chat_template", [](const Engine & e) -> py::object {
-            const char * t = llama_model_chat_template(e.model(), nullptr);
-            if (!t) return py::none();
+            bool found = false;
+            std::string t;
+            { py::gil_scoped_release r; t = e.chat_template(found); }
+            if (!found) return py::none();
             return py::str(t);
         })
-        .def("metadata", [](const Engine & e) {
-            std::map<std::string, std::string> out;
-            const int n = llama_model_meta_count(e.model());
-            std::vector<char> key(512), val(1 << 16);
-            for (int i = 0; i < n; ++i) {
-                if (llama_model_meta_key_by_index(e.model(), i, key.data(), key.size()) < 0) continue;
-                int vn = llama_model_meta_val_str_by_index(e.model(), i, val.data(), val.size());
-                if (vn < 0) continue;
-                out[key.data()] = std::string(val.data(), std::min((size_t) vn, val.size() - 1));
-            }
-            return out;
-        })
+        .def("metadata", &Engine::metadata, Release())
         .def("capabilities", [](const Engine & e) {
+            std::map<std::string, std::string> strings;
+            int n_ctx_train = 0;
+            { py::gil_scoped_release r; strings = e.capabilities_strings(); n_ctx_train = e.n_ctx_train(); }
             py::dict d;
-            const llama_model * mdl = e.model();
             d["n_ctx"] = e.n_ctx();
             d["n_seq_max"] = e.n_seq_max();
             d["n_vocab"] = e.n_vocab();
-            d["n_ctx_train"] = llama_model_n_ctx_train(mdl);
+            d["n_ctx_train"] = n_ctx_train;
             d["can_shift"] = e.can_shift();
-            d["recurrent"] = llama_model_is_recurrent(mdl);
-            d["hybrid"] = llama_model_is_hybrid(mdl);
-            d["n_swa"] = llama_model_n_swa(mdl);
-            d["sliding_window"] = llama_model_n_swa(mdl) > 0;
-            const auto rope = llama_model_rope_type(mdl);
-            d["mrope"] = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE;
-            d["truncate"] = !(llama_model_is_recurrent(mdl) || llama_model_is_hybrid(mdl));
+            d["recurrent"] = e.recurrent();
+            d["hybrid"] = e.hybrid();
+            d["n_swa"] = e.n_swa();
+            d["sliding_window"] = e.n_swa() > 0;
+            d["mrope"] = e.mrope();
+            d["truncate"] = !e.recurrent_state();
             py::list modes; modes.append("exact");
             // splice removes a middle range and shifts positions: attention-only memories with shifting
             if (e.can_shift() && !e.recurrent_state()) modes.append("splice");
             d["rebase_modes"] = py::tuple(modes);
             d["kv_unified"] = true;
-            for (auto & [k, v] : e.capabilities_strings()) d[py::str(k)] = v;
+            for (auto & [k, v] : strings) d[py::str(k)] = v;
             return d;
         })
         .def("seq_create", &Engine::seq_create, Release())
         .def("seq_append", [](Engine & e, uint64_t h, const std::vector<llama_token> & t, int kind, bool all) {
             return e.seq_append(h, t, (RowKind) kind, all);
         }, Release())
+        .def("seq_probe", &Engine::seq_probe, Release())
         .def("seq_logits", [](Engine & e, uint64_t h) {
             std::vector<float> v;
             { py::gil_scoped_release r; v = e.seq_logits(h); }
@@ -152,7 +156,7 @@ PYBIND11_MODULE(_native, m) {
         .def("seq_len", &Engine::seq_len, Release())
         .def("seq_pos_range", &Engine::seq_pos_range, Release())
         .def("seq_slot", &Engine::seq_slot, Release())
-        .def("seq_fork", &Engine::seq_fork, Release())
+        .def("seq_fork", &Engine::seq_fork, py::arg("handle"), py::arg("n_tokens") = -1, Release())
         .def("seq_truncate", &Engine::seq_truncate, Release())
         .def("seq_close", &Engine::seq_close, Release())
         .def("seq_generate", [](Engine & e, uint64_t h, int max_tokens, float temperature, float top_p, int64_t seed,
@@ -171,5 +175,6 @@ PYBIND11_MODULE(_native, m) {
         .def("rebase_target_len", &Engine::rebase_target_len, Release())
         .def("stats", &Engine::stats, Release())
         .def("tokens_per_sequence", &Engine::tokens_per_sequence, Release())
-        .def("used_cells", &Engine::used_cells, Release());
+        .def("used_cells", &Engine::used_cells, Release())
+        .def("inject_decode_failures", &Engine::inject_decode_failures, py::arg("count"), py::arg("rc"), Release());
 }

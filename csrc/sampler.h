@@ -1,4 +1,6 @@
-// Builds the llama.cpp sampler chain for one generation and samples from a logits row.
+// Picks the next token from a logits row: argmax for greedy decoding, llama.cpp's sampler chain
+// (top-p, temperature, seeded distribution) otherwise, and a GBNF grammar checked lazily: the chain
+// picks first and only that token is checked; the full grammar pass runs when it is rejected.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +26,18 @@ public:
     Sampler(const Sampler &) = delete;
     Sampler & operator=(const Sampler &) = delete;
 
-    // Picks the next token from a full-vocabulary logits row and advances the sampler's state
-    // (grammar, RNG). Returns -1 when the grammar allows no token.
+    // Picks the next token (-1 when the grammar allows none). Does not advance the grammar: call
+    // accept() once the token is decoded (a failed decode is retried without it).
     llama_token sample(const float * logits, int n_vocab);
+    void accept(llama_token t);
 
 private:
-    llama_sampler * chain_ = nullptr;
+    void fill(const float * logits, int n_vocab);
+    llama_token pick_with_chain();
+
+    bool greedy_ = true;
+    llama_sampler * chain_ = nullptr;    // null for plain greedy
+    llama_sampler * grammar_ = nullptr;  // null without a grammar
     std::vector<llama_token_data> candidates_;
 };
 

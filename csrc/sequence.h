@@ -1,8 +1,12 @@
-// One live KV sequence as the engine thread sees it. Invariant: the sequence's cells in the KV cache
-// hold exactly `tokens`, at positions 0..tokens.size()-1, one cell id per token in `cells`.
+// One live KV sequence as the engine thread sees it.
+//
+// Invariant: the first cells.size() tokens have KV cells in llama.cpp's cache at positions
+// 0..cells.size()-1. Normally cells.size() == tokens.size(); the last token may be *unevaluated*
+// (no cell yet) after a re-decode failed: the next task on the sequence evaluates it first.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "cell_ledger.h"
@@ -17,12 +21,21 @@ struct SeqState {
     llama_seq_id sid = -1;        // llama.cpp sequence id (slot); changes at an exact rebase
     std::vector<llama_token> tokens;
     std::vector<CellId> cells;
-    std::vector<float> logits;    // next-token logits after the last token, when logits_valid
+    // Next-token logits after the last token, when logits_valid: either still in llama.cpp's output
+    // buffer (row `logits_row` of the latest decode) or copied into `logits` before the next decode.
+    std::vector<float> logits;
     bool logits_valid = false;
-    Task * busy = nullptr;        // the task currently extending this sequence, if any
-    bool internal = false;        // a rebase shadow: not visible to Python
+    int logits_row = -1;
+    // Tasks on this sequence, in order: the front one runs, the others wait for it (FIFO).
+    std::deque<Task *> queue;
+    uint64_t epoch = 0;           // rebases committed on this sequence (a preparation older than it is stale)
+    bool internal = false;        // a rebase shadow or a probe fork: not visible to Python
 
     size_t size() const { return tokens.size(); }
+    size_t evaluated() const { return cells.size(); }
+    bool fully_evaluated() const { return cells.size() == tokens.size(); }
+    bool busy() const { return !queue.empty(); }
+    Task * active() const { return queue.empty() ? nullptr : queue.front(); }
 };
 
 }  // namespace pkc

@@ -1,238 +1,363 @@
 #include "tasks.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace pkc {
 
 namespace {
 template <class E> std::exception_ptr make_err(const std::string & msg) { return std::make_exception_ptr(E(msg)); }
 
-void clear_busy(Engine & e, uint64_t h, Task * t) {
-    if (SeqState * s = e.find_seq(h)) if (s->busy == t) s->busy = nullptr;
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-std::string context_full_msg(Engine & e, size_t need) {
-    return "KV cache full: " + std::to_string(need) + " new cells needed, " + std::to_string(e.free_cells()) +
-           " free of n_ctx=" + std::to_string(e.n_ctx()) +
+
+std::string context_full_msg(KvBook & kv, size_t need) {
+    return "KV cache full: " + std::to_string(need) + " new cells needed, " + std::to_string(kv.free_cells()) +
+           " free of n_ctx=" + std::to_string(kv.n_ctx()) +
            " (one pool shared by all sequences). Close or truncate sequences, or create the Engine with a larger n_ctx.";
 }
+
+bool fits(KvBook & kv, const SeqState & s, size_t n) { return kv.free_cells() >= n && s.size() + n <= kv.n_ctx(); }
 }  // namespace
+
+// ---------------------------------------------------------------- Task
+
+bool Task::runnable(KvBook & kv) const {
+    for (uint64_t h : claims) {
+        SeqState * s = kv.find(h);
+        if (s && s->active() != this) return false;
+    }
+    return true;
+}
+
+bool Task::touches(uint64_t h) const { return std::find(claims.begin(), claims.end(), h) != claims.end(); }
+
+void Task::leave_queues(KvBook & kv) {
+    for (uint64_t h : claims) kv.dequeue(*this, h);
+}
+
+void Task::complete(KvBook & kv, const std::string & reason) {
+    if (finished) return;
+    finished = true;
+    on_complete(kv);
+    release(kv);
+    leave_queues(kv);
+    job->finish(reason);
+}
+
+void Task::fail(KvBook & kv, std::exception_ptr err, const std::string & msg) {
+    if (finished) return;
+    finished = true;
+    on_fail(kv, err);
+    release(kv);
+    leave_queues(kv);
+    job->fail(err, msg);
+}
 
 // ---------------------------------------------------------------- PrefillTask
 
-int PrefillTask::add_rows(Engine & e, int budget) {
-    SeqState * s = e.find_seq(handle);
-    if (!s) { abort(e, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
-    if (!started) {
-        started = true;
-        if (refresh) {
-            if (s->size() == 0 || s->logits_valid) { end(e); return 0; }
-            llama_token last = s->tokens.back();
-            e.truncate_kv(*s, s->size() - 1);
-            tokens = {last};
-        }
-    }
+int PrefillTask::add_rows(KvBook & kv, int budget) {
+    SeqState * s = kv.find(handle);
+    if (!s) { fail(kv, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
+    if (job->cancel_requested()) { complete(kv, "cancelled"); return 0; }
     const size_t left = tokens.size() - offset;
-    if (left == 0) { end(e); return 0; }
-    const size_t n = std::min(left, (size_t) budget);
-    if (e.free_cells() < n || s->size() + n > e.n_ctx()) {
-        std::string msg = context_full_msg(e, n);
-        abort(e, make_err<ContextFullError>(msg), msg);
+    // With nothing left to append, the sequence still needs its next-token logits.
+    if (left == 0 && (s->logits_valid || s->size() == 0)) { complete(kv, "done"); return 0; }
+    if (left == 0 && s->fully_evaluated()) kv.unevaluate_last(*s);
+    const size_t pending = s->size() - s->evaluated();  // 0 or 1: a token whose decode failed
+    const size_t n = std::min(left, (size_t) budget - std::min((size_t) budget, pending));
+    if (!fits(kv, *s, n + pending)) {
+        const std::string msg = context_full_msg(kv, n + pending);
+        fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
     }
-    s->logits_valid = false;
-    logit_rows.clear();
+    if (pending) last_row = kv.add_pending_row(*s, left == 0, kind);
     for (size_t i = 0; i < n; ++i) {
-        const bool last = offset + i + 1 == tokens.size();
+        const bool last = offset + 1 == tokens.size();
         const bool want = all_logits || last;
-        int row = e.add_row(*s, tokens[offset + i], want, kind);
-        if (want) logit_rows.push_back(row);
-        if (last) rows.push_back(row);
+        const int row = kv.add_row(*s, tokens[offset++], want, kind);
+        if (all_logits) logit_rows.push_back(row);
+        if (last) last_row = row;
     }
-    offset += n;
-    job->add_stat((int) n, e.in_mixed_step());
-    return (int) n;
+    return (int) (n + pending);
 }
 
-void PrefillTask::after_decode(Engine & e) {
-    SeqState * s = e.find_seq(handle);
-    if (all_logits) {
-        const int nv = e.n_vocab();
-        for (int row : logit_rows) {
-            const float * l = e.row_logits(row);
-            collected.insert(collected.end(), l, l + nv);
-        }
+void PrefillTask::after_decode(KvBook & kv) {
+    SeqState * s = kv.find(handle);
+    const int nv = kv.n_vocab();
+    for (int r : logit_rows) {  // rows are readable until the next decode: copy what a label needs
+        const float * row = kv.row_logits(r);
+        collected.insert(collected.end(), row, row + nv);
     }
-    if (s && !rows.empty()) e.store_logits(*s, rows.back());
-    rows.clear();
-    if (offset == tokens.size()) end(e);
+    if (s && last_row >= 0) kv.set_logits_row(*s, last_row);
+    else if (s) s->logits_valid = false;
+    job->push_tokens(tokens.data() + offset_at_step, offset - offset_at_step);
+    logit_rows.clear();
+    last_row = -1;
+    if (offset == tokens.size() && s && s->fully_evaluated() && (s->logits_valid || s->size() == 0)) complete(kv, "done");
 }
 
-void PrefillTask::end(Engine & e) {
-    if (finished) return;
-    finished = true;
-    clear_busy(e, handle, this);
-    if (all_logits) job->set_rows(std::move(collected));
-    job->finish("done");
+void PrefillTask::on_complete(KvBook & kv) {
+    if (all_logits) job->set_values(std::move(collected), kv.n_vocab());
 }
 
-void PrefillTask::abort(Engine & e, std::exception_ptr err, const std::string & msg) {
-    if (finished) return;
-    finished = true;
-    clear_busy(e, handle, this);
-    job->fail(err, msg);
+// ---------------------------------------------------------------- ProbeTask
+
+void ProbeTask::on_complete(KvBook & kv) {
+    SeqState * s = kv.find(handle);
+    const float * l = s ? kv.logits(*s) : nullptr;
+    if (!l) return;
+    // log-softmax at the label tokens, in double precision
+    const int nv = kv.n_vocab();
+    double mx = l[0];
+    for (int i = 1; i < nv; ++i) mx = std::max(mx, (double) l[i]);
+    double sum = 0;
+    for (int i = 0; i < nv; ++i) sum += std::exp((double) l[i] - mx);
+    const double lse = mx + std::log(sum);
+    std::vector<float> out;
+    for (llama_token t : label_tokens) out.push_back((float) ((double) l[t] - lse));
+    job->set_values(std::move(out), (int) label_tokens.size());
+}
+
+void ProbeTask::release(KvBook & kv) {
+    if (SeqState * s = kv.find(handle)) kv.release(*s);
 }
 
 // ---------------------------------------------------------------- GenerateTask
 
-int GenerateTask::add_rows(Engine & e, int budget) {
-    SeqState * s = e.find_seq(handle);
-    if (!s) { abort(e, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
-    if (job->cancel_requested()) { end(e, "cancelled"); return 0; }
+int GenerateTask::add_rows(KvBook & kv, int budget) {
+    SeqState * s = kv.find(handle);
+    if (!s) { fail(kv, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
+    if (job->cancel_requested()) { complete(kv, "cancelled"); return 0; }
     if (s->size() == 0) {
         const char * msg = "cannot generate on an empty sequence: append a prompt first";
-        abort(e, std::make_exception_ptr(std::invalid_argument(msg)), msg);
+        fail(kv, std::make_exception_ptr(std::invalid_argument(msg)), msg);
         return 0;
     }
-    if (generated >= max_tokens) { end(e, "length"); return 0; }
+    if (generated >= max_tokens) { complete(kv, "length"); return 0; }
     if (!s->logits_valid) {
-        // After a truncate or a splice the last token's logits are recomputed once, exactly.
-        llama_token last = s->tokens.back();
-        e.truncate_kv(*s, s->size() - 1);
-        rows.push_back(e.add_row(*s, last, true, kind));
-        redecoding = true;
-        job->add_stat(1, e.in_mixed_step());
+        // After a truncate, a splice or a failed decode the last token is decoded again, once.
+        if (s->fully_evaluated()) kv.unevaluate_last(*s);
+        sampled_token = -1;
+        row = kv.add_pending_row(*s, true, kind);
         return 1;
     }
-    if (generated >= max_tokens) { end(e, "length"); return 0; }
-    if (s->size() >= e.n_ctx() || e.free_cells() == 0) { end(e, "context_full"); return 0; }
-    const llama_token t = sampler.sample(s->logits.data(), e.n_vocab());
-    if (t < 0 || llama_vocab_is_eog(e.vocab(), t)) { end(e, "stop"); return 0; }
-    pending = t;
-    rows.push_back(e.add_row(*s, t, true, kind));
-    job->add_stat(1, e.in_mixed_step());
+    if (!fits(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
+    const llama_token t = sampler.sample(kv.logits(*s), kv.n_vocab());
+    if (t < 0 || llama_vocab_is_eog(kv.vocab(), t)) { complete(kv, "stop"); return 0; }
+    sampled_token = t;
+    row = kv.add_row(*s, t, true, kind);
     return 1;
 }
 
-void GenerateTask::after_decode(Engine & e) {
-    SeqState * s = e.find_seq(handle);
-    if (s && !rows.empty()) e.store_logits(*s, rows.back());
-    rows.clear();
-    if (redecoding) { redecoding = false; return; }
+void GenerateTask::after_decode(KvBook & kv) {
+    SeqState * s = kv.find(handle);
+    if (s && row >= 0) kv.set_logits_row(*s, row);
+    row = -1;
+    if (sampled_token < 0) return;  // a re-decode: no new token
+    const llama_token t = sampled_token;
+    sampled_token = -1;
+    sampler.accept(t);
     generated += 1;
-    job->push_token(pending);
-    if (std::find(stop_tokens.begin(), stop_tokens.end(), pending) != stop_tokens.end()) { end(e, "stop"); return; }
-    if (!stop_strings.empty()) {
-        const std::string piece = e.token_to_piece(pending, false);
-        size_t longest = 0;
-        for (auto & ss : stop_strings) longest = std::max(longest, ss.size());
-        const size_t from = text.size() >= longest ? text.size() - longest : 0;
-        text += piece;
-        for (auto & ss : stop_strings) {
-            if (!ss.empty() && text.find(ss, from) != std::string::npos) { end(e, "stop"); return; }
-        }
+    job->push_token(t);
+    if (std::find(stop_tokens.begin(), stop_tokens.end(), t) != stop_tokens.end()) { complete(kv, "stop"); return; }
+    if (hit_stop_string(kv, t)) { complete(kv, "stop"); return; }
+    if (generated >= max_tokens) complete(kv, "length");
+}
+
+bool GenerateTask::hit_stop_string(KvBook & kv, llama_token t) {
+    if (stop_strings.empty()) return false;
+    char buf[256];
+    int n = llama_token_to_piece(kv.vocab(), t, buf, sizeof(buf), 0, false);
+    std::string piece;
+    if (n >= 0) {
+        piece.assign(buf, (size_t) n);
+    } else {
+        piece.resize((size_t) -n);
+        n = llama_token_to_piece(kv.vocab(), t, piece.data(), (int32_t) piece.size(), 0, false);
+        piece.resize(n > 0 ? (size_t) n : 0);
     }
-    if (generated >= max_tokens) end(e, "length");
-}
-
-void GenerateTask::end(Engine & e, const std::string & reason) {
-    if (finished) return;
-    finished = true;
-    clear_busy(e, handle, this);
-    job->finish(reason);
-}
-
-void GenerateTask::abort(Engine & e, std::exception_ptr err, const std::string & msg) {
-    if (finished) return;
-    finished = true;
-    clear_busy(e, handle, this);
-    job->fail(err, msg);
+    size_t longest = 0;
+    for (auto & ss : stop_strings) longest = std::max(longest, ss.size());
+    const size_t from = text.size() >= longest ? text.size() - longest : 0;
+    text += piece;
+    for (auto & ss : stop_strings) {
+        if (!ss.empty() && text.find(ss, from) != std::string::npos) return true;
+    }
+    return false;
 }
 
 // ---------------------------------------------------------------- RebaseTask
 
-size_t RebaseTask::pending(Engine & e) {
-    size_t n = head.size() - head_offset;
+size_t RebaseTask::rows_to_catch_up(KvBook & kv) {
+    size_t n = fed_first.size() - fed_first_done;
     if (!splice) {
-        if (SeqState * m = e.find_seq(main_handle)) n += m->size() > main_consumed ? m->size() - main_consumed : 0;
+        if (SeqState * m = kv.find(main_handle)) n += m->size() > main_fed ? m->size() - main_fed : 0;
     }
     return n;
 }
 
-void RebaseTask::update_ready(Engine & e) {
-    const bool r = pending(e) == 0;
-    if (r != ready_flag) { ready_flag = r; job->set_ready(r); }
+bool RebaseTask::superseded(KvBook & kv) {
+    SeqState * m = kv.find(main_handle);
+    return m && m->epoch != main_epoch;
 }
 
-bool RebaseTask::has_work(Engine & e) {
+void RebaseTask::update_ready(KvBook & kv) {
+    const bool r = rows_to_catch_up(kv) == 0;
+    if (r != ready) { ready = r; job->set_ready(r); }
+}
+
+bool RebaseTask::has_work(KvBook & kv) {
     if (finished) return false;
-    update_ready(e);
-    if (commit_requested && ready_flag) return true;  // the swap itself is done in add_rows
-    return !ready_flag;
+    if (job->cancel_requested() || superseded(kv) || !kv.find(main_handle) || !kv.find(shadow_handle)) return true;
+    update_ready(kv);
+    return committing || !ready;
 }
 
-int RebaseTask::add_rows(Engine & e, int budget) {
-    SeqState * m = e.find_seq(main_handle);
-    SeqState * sh = e.find_seq(shadow_handle);
-    if (!m || !sh) { abort(e, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
+int RebaseTask::add_rows(KvBook & kv, int budget) {
+    SeqState * m = kv.find(main_handle);
+    SeqState * sh = kv.find(shadow_handle);
+    if (!m || !sh) { fail(kv, make_err<SequenceClosedError>("sequence was closed"), "sequence was closed"); return 0; }
     if (job->cancel_requested()) {
-        abort(e, make_err<CancelledError>("rebase preparation was cancelled"), "rebase preparation was cancelled");
+        fail(kv, make_err<CancelledError>("rebase preparation was cancelled"), "rebase preparation was cancelled");
         return 0;
     }
-    const size_t want = pending(e);
+    if (superseded(kv)) {
+        const char * msg = "superseded: another rebase of this sequence was committed; prepare it again";
+        fail(kv, make_err<EngineError>(msg), msg);
+        return 0;
+    }
+    const size_t want = rows_to_catch_up(kv);
     if (want == 0) {
-        if (commit_requested) e.finish_rebase(*this);
+        if (committing) swap(kv);
         return 0;
     }
     const size_t n = std::min(want, (size_t) budget);
-    if (e.free_cells() < n || sh->size() + n > e.n_ctx()) {
-        std::string msg = "rebase preparation: " + context_full_msg(e, n);
-        abort(e, make_err<ContextFullError>(msg), msg);
+    if (!fits(kv, *sh, n)) {
+        const std::string msg = "rebase preparation: " + context_full_msg(kv, n);
+        fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
     }
-    sh->logits_valid = false;
-    logits_row = -1;
     for (size_t i = 0; i < n; ++i) {
-        const bool last = i + 1 == n && n == want;  // logits only when this chunk catches up
-        llama_token t = head_offset < head.size() ? head[head_offset++] : m->tokens[main_consumed++];
-        int row = e.add_row(*sh, t, last, kind);
-        if (last) logits_row = row;
+        // Logits only where they are read: the last row the commit is waiting for.
+        const bool want_logits = (committing || logits_every_chunk) && i + 1 == n && n == want;
+        const llama_token t = fed_first_done < fed_first.size() ? fed_first[fed_first_done++] : m->tokens[main_fed++];
+        const int r = kv.add_row(*sh, t, want_logits, kind);
+        if (want_logits) logits_row = r;
     }
-    if (commit_requested) catch_up_rows += (long) n;
-    job->add_stat((int) n, e.in_mixed_step());
+    if (committing) catch_up_rows += (long) n;
     return (int) n;
 }
 
-void RebaseTask::after_decode(Engine & e) {
-    rows.clear();
-    SeqState * sh = e.find_seq(shadow_handle);
-    if (sh && logits_row >= 0) e.store_logits(*sh, logits_row);
+void RebaseTask::after_decode(KvBook & kv) {
+    SeqState * sh = kv.find(shadow_handle);
+    if (sh) {
+        if (logits_row >= 0) kv.set_logits_row(*sh, logits_row);
+        else sh->logits_valid = false;
+    }
     logits_row = -1;
-    update_ready(e);
-    if (commit_requested && ready_flag) e.finish_rebase(*this);
+    update_ready(kv);
+    if (committing && ready) swap(kv);
 }
 
-void RebaseTask::on_main_truncated(Engine & e, size_t n) {
-    if (finished) return;
-    if (n < keep_from) {
-        std::string msg = "the sequence was truncated to " + std::to_string(n) + " tokens, below the rebase mark keep_from=" +
-                          std::to_string(keep_from) + "; prepare the rebase again";
-        abort(e, make_err<EngineError>(msg), msg);
+void RebaseTask::check_splice_allowed(KvBook & kv, SeqState & m) const {
+    if (!m.fully_evaluated()) {
+        throw EngineError("the sequence's last token has no KV yet (a decode failed); call logits() on it, then commit");
+    }
+    for (size_t i = keep_from; i < m.cells.size(); ++i) {
+        if (kv.holders(m.cells[i]) > 1) {
+            throw UnsupportedOperationError("mode='splice' would shift KV cells that another live sequence (a fork) "
+                                            "shares with this one; close the forks first or use mode='exact'");
+        }
+    }
+}
+
+void RebaseTask::request_commit(KvBook & kv) {
+    if (committing) throw EngineError("a commit of this rebase is already in progress");
+    SeqState & m = kv.get(main_handle);
+    if (superseded(kv)) throw EngineError("superseded: another rebase of this sequence was committed; prepare it again");
+    if (splice) check_splice_allowed(kv, m);
+    kv.enqueue(m, *this, false);  // SequenceBusyError while another job runs on it
+    claims.push_back(main_handle);
+    committing = true;
+    commit_started = std::chrono::steady_clock::now();
+    kind = RowKind::Foreground;  // the caller is waiting now: catch up at full speed
+    if (rows_to_catch_up(kv) == 0) swap(kv);
+}
+
+void RebaseTask::swap(KvBook & kv) {
+    SeqState & m = *kv.find(main_handle);
+    SeqState & sh = *kv.find(shadow_handle);
+    std::map<std::string, double> info;
+    info["tokens_before"] = (double) m.size();
+    info["splice"] = splice ? 1.0 : 0.0;
+    try {
+        if (splice) {
+            check_splice_allowed(kv, m);  // again at the swap: nothing may have taken a share since
+            splice_into(kv, m, sh);
+        } else {
+            kv.take_over(m, shadow_handle);
+        }
+    } catch (const std::exception & ex) {
+        fail(kv, std::current_exception(), ex.what());
         return;
     }
-    if (!splice && n < main_consumed) {
-        SeqState * sh = e.find_seq(shadow_handle);
-        if (sh) e.truncate_kv(*sh, sh->size() - (main_consumed - n));
-        main_consumed = n;
+    m.epoch += 1;
+    info["tokens_after"] = (double) m.size();
+    info["catch_up_tokens"] = (double) catch_up_rows;
+    info["stall_ms"] = ms_since(commit_started);
+    kv.counters().rebases += 1;
+    kv.counters().catch_up_rows += catch_up_rows;
+    commit_promise.set_value(info);
+    complete(kv, "committed");
+}
+
+void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
+    // Drop [keep_prefix, keep_from), shift the tail, then move the replacement's cells in.
+    llama_memory_t mem = kv.memory();
+    const size_t kp = keep_prefix, kf = keep_from, R = replacement_len;
+    const llama_pos delta = (llama_pos) (kp + R) - (llama_pos) kf;
+    if (!llama_memory_seq_rm(mem, m.sid, (llama_pos) kp, (llama_pos) kf))
+        throw UnsupportedOperationError("this model's memory cannot remove a range of a sequence; use mode='exact'");
+    if (delta != 0) llama_memory_seq_add(mem, m.sid, (llama_pos) kf, -1, delta);
+    if (R > 0) llama_memory_seq_cp(mem, sh.sid, m.sid, (llama_pos) kp, (llama_pos) (kp + R));
+    std::vector<llama_token> toks(m.tokens.begin(), m.tokens.begin() + (long) kp);
+    std::vector<CellId> cells(m.cells.begin(), m.cells.begin() + (long) kp);
+    toks.insert(toks.end(), sh.tokens.begin() + (long) kp, sh.tokens.end());
+    cells.insert(cells.end(), sh.cells.begin() + (long) kp, sh.cells.end());
+    for (size_t i = kp; i < sh.cells.size(); ++i) kv.hold(sh.cells[i]);
+    kv.release_cells(m.cells, kp, kf);
+    toks.insert(toks.end(), m.tokens.begin() + (long) kf, m.tokens.end());
+    cells.insert(cells.end(), m.cells.begin() + (long) kf, m.cells.end());
+    m.tokens = std::move(toks);
+    m.cells = std::move(cells);
+    m.logits_valid = false;  // recomputed on demand against the spliced cache
+    m.logits_row = -1;
+}
+
+void RebaseTask::on_main_truncated(KvBook & kv, size_t n) {
+    if (finished) return;
+    if (n < keep_from) {
+        const std::string msg = "the sequence was truncated to " + std::to_string(n) +
+                                " tokens, below the rebase mark keep_from=" + std::to_string(keep_from) +
+                                "; prepare the rebase again";
+        fail(kv, make_err<EngineError>(msg), msg);
+        return;
+    }
+    if (!splice && n < main_fed) {
+        if (SeqState * sh = kv.find(shadow_handle)) kv.drop_tail(*sh, sh->size() - (main_fed - n));
+        main_fed = n;
     }
 }
 
-void RebaseTask::abort(Engine & e, std::exception_ptr err, const std::string & msg) {
-    if (finished) return;
-    finished = true;
-    if (SeqState * sh = e.find_seq(shadow_handle)) e.release_sequence(*sh);
-    if (commit_requested) commit_promise.set_exception(err);
+void RebaseTask::on_fail(KvBook & kv, std::exception_ptr err) {
+    if (committing) commit_promise.set_exception(err);
+}
+
+void RebaseTask::release(KvBook & kv) {
     job->set_ready(false);
-    job->fail(err, msg);
+    if (SeqState * sh = kv.find(shadow_handle)) kv.release(*sh);
 }
 
 }  // namespace pkc

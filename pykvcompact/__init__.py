@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._native_loader import LLAMA_CPP_PYTHON_VERSION
 from .engine import Engine, Sequence, physical_cores
-from .errors import (CancelledError, ContextFullError, EngineError, InvalidModelError, ModelNotFoundError,
+from .errors import (CancelledError, ContextFullError, EngineClosedError, EngineError, InvalidModelError, ModelNotFoundError,
                      PyKVCompactError, SequenceBusyError, SequenceClosedError, SlotsExhaustedError,
                      UnsupportedOperationError)
 from .jobs import Job, Rebase
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",
-    "PyKVCompactError", "EngineError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
+    "PyKVCompactError", "EngineError", "EngineClosedError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
     "SequenceBusyError", "UnsupportedOperationError", "CancelledError", "ModelNotFoundError", "InvalidModelError",
     "LLAMA_CPP_PYTHON_VERSION",
 ]

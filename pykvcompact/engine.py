@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._native_loader import native
-from .errors import EngineError, SequenceClosedError
+from .errors import EngineClosedError, SequenceClosedError
 from .jobs import Job, Rebase, wait_job
 from .models import resolve_model
 
@@ -135,15 +135,15 @@ class Engine:
         return self._live().token_to_piece(int(token), bool(special))
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._n.is_eog(int(token)))
+        return bool(self._live().is_eog(int(token)))
 
     @property
     def token_bos(self) -> int:
-        return int(self._n.token_bos())
+        return int(self._live().token_bos())
 
     @property
     def token_eos(self) -> int:
-        return int(self._n.token_eos())
+        return int(self._live().token_eos())
 
     @property
     def n_vocab(self) -> int:
@@ -159,12 +159,13 @@ class Engine:
 
     @property
     def chat_template(self) -> str | None:
-        return self._n.chat_template()
+        return self._live().chat_template()
 
     @property
     def metadata(self) -> dict[str, str]:
+        live = self._live()
         if self._metadata is None:
-            self._metadata = dict(self._n.metadata())
+            self._metadata = dict(live.metadata())
         return self._metadata
 
     @property
@@ -191,8 +192,10 @@ class Engine:
             "used_cells": int(raw["used_cells"]),
             "n_ctx": int(raw["n_ctx"]),
             "live_sequences": int(raw["live_sequences"]),
+            "internal_sequences": int(raw["internal_sequences"]),
             "pending_tasks": int(raw["pending_tasks"]),
-            "tokens_per_sequence": {int(k): int(v) for k, v in self._n.tokens_per_sequence().items()},
+            "committing": int(raw["committing"]),
+            "tokens_per_sequence": {int(k): int(v) for k, v in self._live().tokens_per_sequence().items()},
         }
 
     def used_cells(self) -> int:
@@ -215,9 +218,10 @@ class Engine:
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._n.shutdown()
+        """Stop the engine: pending jobs fail with EngineClosedError, then the model is freed. Every
+        later call raises EngineClosedError. Idempotent, and safe from several threads at once."""
+        self._closed = True
+        self._n.shutdown()
 
     @property
     def closed(self) -> bool:
@@ -234,7 +238,7 @@ class Engine:
 
     def _live(self):
         if self._closed:
-            raise EngineError("the engine is closed")
+            raise EngineClosedError("the engine is closed; create a new Engine")
         return self._n
 
 
@@ -291,7 +295,9 @@ class Sequence:
 
     def append_background(self, tokens: Iterable[int]) -> Job:
         """Prefill tokens as background rows (at most background_chunk per decode step), interleaved
-        with foreground decoding. Returns a Job; ``result()`` returns the appended tokens."""
+        with foreground decoding. Returns a Job; ``result()`` returns the tokens appended. After
+        ``cancel()`` it stops at the next decode step and the sequence keeps exactly the tokens
+        decoded so far (``result()`` lists them)."""
         toks = _token_list(tokens)
         return Job(self._n().seq_append(self._h, toks, BACKGROUND, False), self, toks)
 
@@ -343,9 +349,11 @@ class Sequence:
                                             grammar or "", kind)
         return Job(native_job, self)
 
-    def fork(self) -> "Sequence":
-        """A new sequence with the same tokens, sharing this one's KV cells (no copy)."""
-        return Sequence(self.engine, self._n().seq_fork(self._h))
+    def fork(self, n: int | None = None) -> "Sequence":
+        """A new sequence with the same tokens (or the first ``n``), sharing this one's KV cells: no
+        copy. A prefix fork is refused on recurrent and hybrid models."""
+        n = -1 if n is None else _check_int("n", n, 0)
+        return Sequence(self.engine, self._n().seq_fork(self._h, n))
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens (0 <= n <= len). Raises UnsupportedOperationError on recurrent models."""
@@ -371,34 +379,16 @@ class Sequence:
             if not lt:
                 raise ValueError(f"label {lab!r} tokenizes to nothing")
             label_tokens.append(lt)
-        if len(self) == 0 and not toks:
-            raise ValueError("cannot probe an empty sequence with no probe tokens")
-        fork = self.fork()
-        try:
-            if toks:
-                fork._append_rows(toks, PROBE, False)
-            first = log_softmax(fork.logits())
-            firsts = [lt[0] for lt in label_tokens]
-            if len(set(firsts)) == len(firsts):
-                scores = [float(first[f]) for f in firsts]
-                method = "first-token"
-            else:
-                scores = []
-                for lt in label_tokens:
-                    score = float(first[lt[0]])
-                    if len(lt) > 1:
-                        branch = fork.fork()
-                        try:
-                            job = branch._append_rows(lt[:-1], PROBE, True)
-                            rows = job.logit_rows(self.engine.n_vocab)
-                            for i in range(1, len(lt)):
-                                score += float(log_softmax(rows[i - 1])[lt[i]])
-                        finally:
-                            branch.close()
-                    scores.append(score)
-                method = "full-sequence"
-        finally:
-            fork.close()
+        firsts = [lt[0] for lt in label_tokens]
+        if len(set(firsts)) == len(firsts):
+            # One native command: fork, prefill the probe, read the labels' log-probabilities, drop.
+            job = self._n().seq_probe(self._h, toks, firsts)
+            wait_job(job)
+            scores = [float(v) for v in job.values()]
+            method = "first-token"
+        else:
+            scores = self._score_full_labels(toks, label_tokens)
+            method = "full-sequence"
         m = max(scores)
         exp = [math.exp(s - m) for s in scores]
         total = sum(exp)
@@ -406,6 +396,30 @@ class Sequence:
         self.last_probe = {"logprobs": dict(zip(labels, scores)), "tokens": len(toks), "method": method,
                            "ms": (time.perf_counter() - t0) * 1000.0}
         return probs
+
+    def _score_full_labels(self, toks: list[int], label_tokens: list[list[int]]) -> list[float]:
+        """Labels sharing a first token: score each label's whole token sequence on forks."""
+        fork = self.fork()
+        try:
+            if toks:
+                fork._append_rows(toks, PROBE, False)
+            first = log_softmax(fork.logits())
+            scores = []
+            for lt in label_tokens:
+                score = float(first[lt[0]])
+                if len(lt) > 1:
+                    branch = fork.fork()
+                    try:
+                        job = branch._append_rows(lt[:-1], PROBE, True)
+                        rows = job.logit_rows(self.engine.n_vocab)
+                        for i in range(1, len(lt)):
+                            score += float(log_softmax(rows[i - 1])[lt[i]])
+                    finally:
+                        branch.close()
+                scores.append(score)
+            return scores
+        finally:
+            fork.close()
 
     def prepare_rebase(self, keep_prefix: int, replacement: Iterable[int], keep_from: int,
                        mode: str = "exact") -> Rebase:
@@ -439,7 +453,10 @@ class Sequence:
             return
         self._closed = True
         if not self.engine.closed:
-            self.engine._n.seq_close(self._h)
+            try:
+                self.engine._n.seq_close(self._h)
+            except EngineClosedError:
+                pass  # the engine closed meanwhile: its sequences are gone with it
 
     def __del__(self):
         # A dropped handle gives its slot and cells back (never raise from a finalizer).

@@ -35,8 +35,13 @@ class SequenceClosedError(EngineError):
     """The sequence was closed (or its engine was)."""
 
 
+class EngineClosedError(EngineError):
+    """The engine was closed: every call after ``Engine.close()`` raises this."""
+
+
 class SequenceBusyError(EngineError):
-    """Another job (a generation or prefill) is running on this sequence."""
+    """Another job (a generation or prefill) is running on this sequence, or a rebase of it is being
+    committed; wait for it (``Job.result()``) or cancel it."""
 
 
 class UnsupportedOperationError(EngineError):

@@ -43,10 +43,11 @@ class Job:
             raise
         if not finished:
             raise TimeoutError(f"the job did not finish within {timeout} s (it keeps running; cancel() stops it)")
-        return list(self._appended) if self._appended is not None else list(self._j.tokens())
+        return list(self._j.tokens())
 
     def cancel(self) -> None:
-        """Stop at the next decode step. Tokens already decoded stay in the sequence."""
+        """Stop at the next decode step (generation, prefill, queued or running). Tokens already
+        decoded stay in the sequence; ``result()`` then returns them."""
         self._j.cancel()
 
     def stream(self) -> Iterator[int]:
@@ -128,9 +129,9 @@ class Rebase:
                 return False
 
     def cancel(self) -> None:
-        """Drop the preparation and free its slot and cells."""
-        if not self._j.done() and not self.sequence.closed:
-            self.sequence.engine._n.cancel_rebase(self.id)
+        """Drop the preparation and free its slot and cells (not once its commit has begun)."""
+        if not self._j.done() and not self.sequence.closed and not self.sequence.engine.closed:
+            self.sequence.engine._live().cancel_rebase(self.id)
 
     @property
     def failed(self) -> bool:
@@ -146,7 +147,7 @@ class Rebase:
 
     @property
     def target_len(self) -> int:
-        return int(self.sequence.engine._n.rebase_target_len(self.id))
+        return int(self.sequence.engine._live().rebase_target_len(self.id))
 
     def __repr__(self) -> str:
         return f"Rebase(mode={self.mode!r}, keep_prefix={self.keep_prefix}, keep_from={self.keep_from}, replacement={len(self.replacement)} tokens, ready={self.done()})"

@@ -1,0 +1,140 @@
+// The engine thread's loop: run commands, then one decode step, until closed.
+//
+// A step claims nothing by itself: each sequence's FIFO says which task runs on it. It builds one
+// batch (generation rows first, then prefill chunks round-robin, then background rows within their
+// cap), decodes it, and dispatches the results. A failed decode is rolled back and retried without
+// background rows, then with half the batch, as llama.cpp's server does; only the task that cannot
+// fit fails. The step reports *progress* (a decode, or a task that started or ended), so a queued
+// task behind one that ended without decoding is picked up at once.
+#include <algorithm>
+#include <chrono>
+
+#include "engine.h"
+#include "tasks.h"
+
+namespace pkc {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void Engine::loop() {
+    bool progress = false;
+    while (true) {
+        bool stopped = false;
+        auto cmds = inbox_->take(!progress, stopped);
+        for (auto & c : cmds) c();  // packaged tasks: they report their own exceptions
+        if (stopped) break;
+        progress = step() || !cmds.empty();
+    }
+    // Closing: end every task so no waiter hangs.
+    auto err = std::make_exception_ptr(EngineClosedError("the engine was closed"));
+    for (auto & t : tasks_) t->fail(*kv_, err, "the engine was closed");
+    tasks_.clear();
+    bool stopped = false;
+    for (auto & c : inbox_->take(false, stopped)) c();  // commands that raced with the stop
+}
+
+bool Engine::step() {
+    if (tasks_.empty()) return false;
+    bool progress = false;
+    int budget = (int) opts_.n_batch;
+    bool allow_background = true;
+    while (true) {
+        std::vector<Task *> active = build_batch(budget, allow_background, progress);
+        const int rows = kv_->rows();
+        if (rows == 0) break;
+        const bool mixed = kv_->has_kind(RowKind::Background) && kv_->count_kind(RowKind::Background) < rows;
+        EngineCounters & c = kv_->counters();
+        auto t0 = std::chrono::steady_clock::now();
+        const int rc = kv_->decode();
+        c.decode_ms += ms_since(t0);
+        c.decode_calls += 1;
+        if (rc == 0) {
+            for (int k = 0; k < kRowKinds; ++k) c.rows[k] += kv_->count_kind((RowKind) k);
+            if (mixed) c.mixed_batches += 1;
+            for (Task * t : active) t->job->add_stat(t->step_rows, mixed);
+            dispatch(active);
+            progress = true;
+            break;
+        }
+        c.failed_decodes += 1;
+        kv_->rollback();
+        for (Task * t : active) t->restore_cursor();
+        // rc 1: no KV slot for the batch. Retry without background rows, then with half the batch.
+        if (rc == 1 && mixed && allow_background) { allow_background = false; continue; }
+        if (rc == 1 && rows > 1) { budget = std::max(1, rows / 2); continue; }
+        const std::string msg = rc == 1 ? "llama_decode found no free KV slot (n_ctx=" + std::to_string(n_ctx_) +
+                                              "); close sequences or use a larger n_ctx"
+                                        : "llama_decode failed with code " + std::to_string(rc);
+        auto err = rc == 1 ? std::make_exception_ptr(ContextFullError(msg)) : std::make_exception_ptr(EngineError(msg));
+        for (Task * t : active) t->fail(*kv_, err, msg);  // with rc 1 this is the one task left
+        progress = true;
+        break;
+    }
+    reap_finished();
+    return progress;
+}
+
+std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool & progress) {
+    kv_->begin_batch();
+    std::vector<Task *> single_urgent, multi_urgent, single_bg, multi_bg;
+    for (auto & up : tasks_) {
+        Task * t = up.get();
+        if (t->finished || !t->runnable(*kv_) || !t->has_work(*kv_)) continue;
+        const bool urgent = t->urgent();
+        (urgent ? (t->single_row() ? single_urgent : multi_urgent) : (t->single_row() ? single_bg : multi_bg)).push_back(t);
+    }
+    // Prefill chunks take turns at the front, so no long prefill starves another one.
+    round_robin_ += 1;
+    for (auto * v : {&multi_urgent, &multi_bg}) {
+        if (v->size() > 1) std::rotate(v->begin(), v->begin() + (long) (round_robin_ % v->size()), v->end());
+    }
+    std::vector<Task *> active;
+    auto offer = [&](const std::vector<Task *> & group, int & cap) {
+        for (Task * t : group) {
+            if (cap <= 0 || budget <= 0) break;
+            t->save_cursor();
+            t->step_rows = 0;
+            int n = 0;
+            try {
+                n = t->add_rows(*kv_, std::min(cap, budget));
+            } catch (const std::exception & ex) {
+                t->fail(*kv_, std::current_exception(), ex.what());
+            }
+            if (t->finished) progress = true;
+            if (n > 0) { t->step_rows = n; active.push_back(t); cap -= n; budget -= n; }
+        }
+    };
+    int urgent_cap = budget;
+    offer(single_urgent, urgent_cap);
+    offer(multi_urgent, urgent_cap);
+    if (allow_background) {
+        // Next to urgent rows, or while commands wait to run, background work takes a small chunk.
+        const bool busy = kv_->rows() > 0 || inbox_->has_pending();
+        int bg_cap = (int) (busy ? opts_.background_chunk_busy : opts_.background_chunk);
+        offer(single_bg, bg_cap);
+        offer(multi_bg, bg_cap);
+    }
+    return active;
+}
+
+void Engine::dispatch(const std::vector<Task *> & active) {
+    for (Task * t : active) {
+        if (t->finished) continue;
+        try {
+            t->after_decode(*kv_);
+        } catch (const std::exception & ex) {
+            t->fail(*kv_, std::current_exception(), ex.what());
+        }
+    }
+}
+
+void Engine::reap_finished() {
+    tasks_.erase(std::remove_if(tasks_.begin(), tasks_.end(), [](const std::unique_ptr<Task> & t) { return t->finished; }),
+                 tasks_.end());
+}
+
+}  // namespace pkc

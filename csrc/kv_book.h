@@ -1,0 +1,116 @@
+// KvBook: what the engine thread owns about the KV cache and the batch being built. Sequences and
+// their task queues, sequence slots, the cell ledger, the llama_batch of the current step, the
+// rollback points of that step, and the next-token logits of each sequence.
+//
+// Tasks see the engine through this narrower interface. Every method asserts that it runs on the
+// engine thread: a llama_context is not thread-safe (DESIGN.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "cell_ledger.h"
+#include "errors.h"
+#include "llama.h"
+#include "sequence.h"
+
+namespace pkc {
+
+enum class RowKind : int { Foreground = 0, Background = 1, Probe = 2 };
+constexpr int kRowKinds = 3;
+
+struct EngineCounters {
+    long decode_calls = 0, failed_decodes = 0, mixed_batches = 0;
+    long rows[kRowKinds] = {0, 0, 0};
+    double decode_ms = 0;
+    long rebases = 0, catch_up_rows = 0, forks = 0;
+};
+
+class KvBook {
+public:
+    KvBook(llama_context * ctx, const llama_vocab * vocab, uint32_t n_ctx, uint32_t n_seq_max, uint32_t n_batch);
+    ~KvBook();
+    KvBook(const KvBook &) = delete;
+    KvBook & operator=(const KvBook &) = delete;
+    void bind_thread(std::thread::id id) { owner_ = id; }
+
+    // ---- model facts
+    int n_vocab() const { return n_vocab_; }
+    uint32_t n_ctx() const { return n_ctx_; }
+    uint32_t n_batch() const { return n_batch_; }
+    const llama_vocab * vocab() const { return vocab_; }
+    llama_memory_t memory() const { return mem_; }
+    EngineCounters & counters() { return counters_; }
+
+    // ---- sequences
+    SeqState * find(uint64_t h);
+    SeqState & get(uint64_t h);  // a visible sequence, or SequenceClosedError
+    SeqState & create(bool internal);
+    // A new sequence holding src's first n tokens (all when n >= len): their cells are shared.
+    SeqState & fork(uint64_t src, bool internal, size_t n = SIZE_MAX);
+    void release(SeqState & s);  // frees its cells (those no fork shares) and its slot
+    std::map<uint64_t, SeqState> & sequences() { return seqs_; }
+    // Exact rebase: `main` takes over `shadow`'s slot, tokens and cells; the shadow disappears.
+    void take_over(SeqState & main, uint64_t shadow);
+
+    // ---- cells
+    size_t free_cells() const { return n_ctx_ - ledger_.used(); }
+    size_t used_cells() const { return ledger_.used(); }
+    int holders(CellId c) const { return ledger_.holders(c); }
+    void hold(CellId c) { ledger_.hold(c); }
+    void release_cells(const std::vector<CellId> & cells, size_t from, size_t to) { ledger_.release_range(cells, from, to); }
+    // Keeps the first n tokens (tokens and KV). Throws UnsupportedOperationError where llama.cpp
+    // cannot remove a tail (recurrent and hybrid memories).
+    void drop_tail(SeqState & s, size_t n);
+    // Removes the last token's KV but keeps the token: it will be decoded again, with logits.
+    void unevaluate_last(SeqState & s);
+
+    // ---- task queues (front = the running task)
+    // Background tasks queue behind background tasks; anything else on a busy sequence raises.
+    void enqueue(SeqState & s, Task & t, bool queue_allowed);
+    void dequeue(Task & t, uint64_t h);
+
+    // ---- the batch of the current step
+    void begin_batch();
+    int add_row(SeqState & s, llama_token t, bool want_logits, RowKind kind);
+    // Decodes the unevaluated last token (see sequence.h); returns its row.
+    int add_pending_row(SeqState & s, bool want_logits, RowKind kind);
+    int rows() const { return batch_.n_tokens; }
+    bool has_kind(RowKind k) const;
+    int count_kind(RowKind k) const;
+    int decode();      // llama_decode of the batch (0 on success)
+    void rollback();   // undo every row of the batch: tokens, cells, KV
+    void inject_failures(int count, int rc) { inject_count_ = count; inject_rc_ = rc; }
+
+    // ---- logits
+    const float * row_logits(int row) const;        // a row of the latest decode
+    void set_logits_row(SeqState & s, int row);   // the sequence's next-token logits are that row
+    const float * logits(SeqState & s) const;      // nullptr when not valid
+    std::vector<float> logits_copy(SeqState & s) const;
+
+private:
+    void assert_thread() const;
+    llama_seq_id alloc_slot();
+    void touch(SeqState & s);
+
+    llama_context * ctx_;
+    llama_memory_t mem_;
+    const llama_vocab * vocab_;
+    int n_vocab_;
+    uint32_t n_ctx_, n_batch_;
+    std::thread::id owner_;
+    std::map<uint64_t, SeqState> seqs_;
+    std::vector<bool> slot_used_;
+    uint64_t next_handle_ = 1;
+    CellLedger ledger_;
+    llama_batch batch_{};
+    std::vector<RowKind> row_kind_;
+    // Per sequence touched by this batch: (tokens, cells) before the batch.
+    std::map<uint64_t, std::pair<size_t, size_t>> rollback_;
+    int inject_count_ = 0, inject_rc_ = 0;
+    EngineCounters counters_;
+};
+
+}  // namespace pkc
