@@ -153,7 +153,12 @@ def run_chat(args, ui=None, read=None) -> int:
     from .chat_ui import RichUI
 
     if ui is None:
-        ui = RichUI() if sys.stdout.isatty() and not args.plain else PlainUI()
+        ui = PlainUI()
+        if sys.stdout.isatty() and not args.plain:
+            try:
+                ui = RichUI()
+            except ImportError:  # the live status line needs the 'chat' extra; plain text still works
+                pass
     engine = pk.Engine(args.model, n_ctx=args.n_ctx, n_seq_max=8, n_threads=args.threads)
     try:
         policy = pk.Policy(mode=args.mode, window=args.window, rubric=args.rubric)

@@ -20,8 +20,10 @@ MARKS = {  # event -> (colour, line style, legend label)
 
 def plot_timeline(timeline: Timeline, path, title: Optional[str] = None, dpi: int = 100) -> str:
     """Draw ``timeline`` into the PNG file ``path``; returns the path."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError('plots need matplotlib: pip install "pykvcompact[plots]"') from exc
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
