@@ -158,3 +158,42 @@ def test_api_key_is_required(float_engine, tmp_path):
 def test_listens_on_loopback_by_default():
     from pykvcompact.server import ServerConfig
     assert ServerConfig().host == "127.0.0.1"
+
+
+def test_serve_command_in_a_subprocess(float_engine, tmp_path):
+    """``pykvcompact serve`` itself: starts on a free loopback port, answers, stops on SIGINT."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYKVCOMPACT_PROGRESS="0")
+    proc = subprocess.Popen([sys.executable, "-m", "pykvcompact", "serve", "--model", str(float_engine.model_path),
+                             "--port", str(port), "--n-ctx", "4096", "--window", "1024", "--threads", "1",
+                             "--api-key", API_KEY, "--history-dir", str(tmp_path), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):  # bounded: up to 60 s to load and listen
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.25)
+        assert proc.poll() is None, proc.stderr.read()
+        r = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+        assert r.choices[0].message.role == "assistant"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode in (0, 130, -signal.SIGINT)
