@@ -7,6 +7,9 @@ glibc reuses an already loaded library by SONAME: importing ``llama_cpp`` first 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
+import sys
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
@@ -26,6 +29,9 @@ def native():
             f"{llama_cpp.__version__} is installed; reinstall it: "
             f"pip install --force-reinstall llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} && pip install --force-reinstall ."
         )
+    alternative = os.environ.get("PYKVCOMPACT_NATIVE_MODULE")
+    if alternative:  # another build of the same module, e.g. the sanitizer build of .ci/sanitize
+        return _load_from(alternative)
     try:
         from . import _native
     except ImportError as exc:
@@ -34,3 +40,13 @@ def native():
             "'pip install .' from the repository root (it compiles csrc/ against llama-cpp-python)"
         ) from exc
     return _native
+
+
+def _load_from(path: str):
+    if not os.path.isfile(path):
+        raise ImportError(f"PYKVCOMPACT_NATIVE_MODULE={path!r} is not a file; unset it to use the installed module")
+    spec = importlib.util.spec_from_file_location("pykvcompact._native", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pykvcompact._native"] = module
+    spec.loader.exec_module(module)
+    return module
