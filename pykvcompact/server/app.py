@@ -63,13 +63,14 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         sid = _session_id(request, req)
-        turn = await run_in_threadpool(Turn, registry, req, sid, config.model_id, config.default_max_tokens)
-        headers = {"X-Session-Id": turn.conv.id}
+        turn = Turn(registry, req, sid, config.model_id, config.default_max_tokens)
         if req.stream:
+            # the conversation is taken by the stream's worker; an implicit id arrives in the last chunk
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            headers = {"X-Session-Id": sid} if sid else None
             return EventSourceResponse(sse_events(turn, include_usage), headers=headers, ping=15)
         body = await run_in_threadpool(turn.run)
-        return JSONResponse(body, headers=headers)
+        return JSONResponse(body, headers={"X-Session-Id": turn.conversation_id})
 
     @app.get("/v1/sessions")
     async def sessions():

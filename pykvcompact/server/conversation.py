@@ -63,6 +63,12 @@ class Conversation:
 
     def info(self) -> dict:
         s = self.session
+        try:
+            return self._info(s)
+        except Exception:  # noqa: BLE001 - closed by an offload while we read it: report it as offloaded
+            return self._info(None)
+
+    def _info(self, s) -> dict:
         return {
             "id": self.id,
             "object": "session",

@@ -37,11 +37,19 @@ class Turn:
             self.sampling["grammar"] = forced_call_grammar(self.tools, forced)
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self.conv: Conversation = registry.checkout(explicit_id, self.keys)
+        self.explicit_id = explicit_id
+        self.conversation_id: Optional[str] = explicit_id
+        self.conv: Optional[Conversation] = None
         self.events: List = []
         self._t0 = 0.0
 
     # ------------------------------------------------------------------ lifecycle
+    def checkout(self) -> None:
+        """Take the conversation (its lock) on the thread that does the work, so that a response that is
+        never sent cannot keep it locked."""
+        self.conv = self.registry.checkout(self.explicit_id, self.keys)
+        self.conversation_id = self.conv.id
+
     def release(self) -> None:
         if self.conv is not None:
             self.registry.release(self.conv)
@@ -84,6 +92,7 @@ class Turn:
     # ------------------------------------------------------------------ plain
     def run(self) -> dict:
         """The whole reply; releases the conversation."""
+        self.checkout()
         try:
             new = self._new_messages()
             self._t0 = time.perf_counter()
@@ -102,6 +111,7 @@ class Turn:
         """Text deltas and events as the session yields them, then the final response dict.
         ``cancelled()`` is checked between items; the conversation is released at the end."""
         finished = False
+        self.checkout()
         try:
             new = self._new_messages()
             self._t0 = time.perf_counter()
