@@ -30,17 +30,18 @@ from . import compaction_tool, events as ev
 from . import rubrics as _rubrics
 from .chat_template import ChatTemplate
 from .history import HistoryFile, check_session_id
-from .policy import Policy, resolve_window
+from .policy import Policy
 from .sessions.compact_tool import CompactTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
 from .sessions.ledger import Ledger
 from .sessions.messages import ContextWindowError, check_tools, normalize_messages, view_of
-from .sessions.port import check_engine, free_cells
-from .sessions.prober import LABELS, PROBE_PROMPT, Prober
+from .sessions.port import check_engine
+from .sessions.prober import LABELS, Prober
+from .sessions.sizing import check_base, resolve_session_window
 from .sessions.summaries import SummaryMaker
 from .sessions.turn import Turn
-from .summarizer import Summarizer, summarizer_request
+from .summarizer import Summarizer
 
 SAMPLING = ("temperature", "top_p", "seed", "stop", "grammar")
 
@@ -85,9 +86,10 @@ class Session:
         self._closed = False
         self._ledger = Ledger(self.history)
         self._cur_tools = self._effective_tools(None)
-        self.window = self._resolve_window(engine, policy)
+        self.window = resolve_session_window(engine, policy, self.template, self._cur_tools, self.rubric,
+                                             self.history_path)
         self.limits = policy.limits(self.window)
-        self._check_base(system)
+        check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
         self._ctx = Context(engine, self.template, self._cur_tools)
         self._maker = SummaryMaker(self._ctx, self._ledger, policy, self.limits, self.summarizer, self._emit)
         self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit)
@@ -100,34 +102,6 @@ class Session:
         except BaseException:
             self.close()
             raise
-
-    def _tok(self, text: str) -> List[int]:
-        return self.engine.tokenize(text, add_special=False, parse_special=True) if text else []
-
-    def _resolve_window(self, engine, policy) -> int:
-        """The window plus the forks' cells must fit in what the engine has free."""
-        def extra(msg: str) -> int:  # cells a fork adds on top of the shared history: the rendered delta
-            base = [{"role": "user", "content": "x"}]
-            r = self.template.render
-            return len(self._tok(r(base + [{"role": "user", "content": msg}], self._cur_tools, True))) - \
-                len(self._tok(r(base, self._cur_tools, False))) + 16
-        probe = extra(PROBE_PROMPT.format(rubric=self.rubric))
-        w0 = policy.window or engine.n_ctx
-        summ = extra(summarizer_request(self.history_path, policy.summary_tokens(w0), "x " * 16,
-                                        overflow_users=["x " * 32] * 2))
-        return resolve_window(policy, free_cells(engine), probe_tokens=probe, summarizer_tokens=summ)
-
-    def _check_base(self, system) -> None:
-        """The system prompt (with the tool definitions) must leave room for work."""
-        first = [{"role": "system", "content": system}] if system is not None else [{"role": "user", "content": ""}]
-        base = len(self._tok(self.template.render(first, self._cur_tools, False)))
-        lim, p = self.limits, self.policy
-        need = base + lim.keep_recent + (lim.summary if p.summarizes else 0)
-        if base >= lim.trigger or (p.summarizes and need > lim.hard + lim.keep_recent):
-            raise ValueError(
-                f"window={self.window} is too small: the system prompt and tool definitions take {base} tokens; "
-                f"with keep_recent and a summary of up to {lim.summary} tokens the session needs a window of "
-                f"at least {int(need / max(p.hard, 1e-9)) + 1}")
 
     # ================================================================== public API
     @property
