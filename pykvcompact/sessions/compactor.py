@@ -27,8 +27,9 @@ class Compactor:
         ctx.on_truncate = self._on_truncate
 
     # ------------------------------------------------------------------ helpers
-    def _mark(self, loose: bool = False) -> Optional[int]:
-        return self.ctx.choose_mark(self.lim.keep_recent, 1 if loose else self.lim.min_span)
+    def _mark(self, loose: bool = False, keep_recent: Optional[int] = None) -> Optional[int]:
+        keep = self.lim.keep_recent if keep_recent is None else keep_recent
+        return self.ctx.choose_mark(keep, 1 if loose else self.lim.min_span)
 
     def _room_for(self, n: int) -> bool:
         return free_cells(self.ctx.engine) >= n + 8
@@ -71,7 +72,8 @@ class Compactor:
             if self.prep is not None or self._mark() is not None:
                 self.compact(trig, edge=bg)
                 after = after_fn()
-        if after > self.lim.window and self.policy.mode != "none" and self._mark(loose=True) is not None:
+        if after > self.lim.window and self.policy.mode != "none" and self._mark(True, 0) is not None:
+            # keep_recent cannot stay raw this time: summarize up to the newest cut rather than drop turns
             self.compact("window_full", edge=True)
             after = after_fn()
         if after > self.lim.window:
@@ -90,7 +92,7 @@ class Compactor:
 
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
-        mark = self._mark() or (self._mark(loose=True) if trigger in LOOSE else None)
+        mark = self._mark() or (self._mark(True, 0 if trigger == "window_full" else None) if trigger in LOOSE else None)
         if mark is None:
             self._skip("no_cut_point", trigger)
             return None
@@ -107,7 +109,11 @@ class Compactor:
         if p is not None and instructions and p.instructions != instructions:
             self.cancel("new_instructions")
             p = None
-        if p is None and not self.start(trigger, instructions, loose=trigger in LOOSE or edge):
+        if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
+            self.cancel("window_full")
+            p = None
+        if p is None and not self.start(trigger, instructions, loose=trigger in LOOSE or edge,
+                                        keep_recent=0 if trigger == "window_full" else None):
             self._skip("no_cut_point", trigger)
             return None
         p = self.prep
@@ -171,8 +177,9 @@ class Compactor:
         return True
 
     # ------------------------------------------------------------------ the background preparation
-    def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False) -> bool:
-        mark = self._mark(loose)
+    def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
+              keep_recent: Optional[int] = None) -> bool:
+        mark = self._mark(loose, keep_recent)
         if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
             return False
         ctx = self.ctx

@@ -42,8 +42,16 @@ class SummaryMaker:
                 text = e.msg.get("content") or ""
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
                                        self.ledger.is_pinned(e.tidx), e.tidx == first))
-        kept, overflow = plan_kept(cands, self.limits.keep_user)
+        kept, overflow = plan_kept(cands, self.user_budget())
         return kept, overflow, "\n".join(c for c in carried if c.strip())
+
+    def room(self) -> int:
+        """Tokens a summary message can take and still leave the session room below hard."""
+        return max(0, self.limits.hard - self.ctx.prefix_tok() - self.limits.keep_recent)
+
+    def user_budget(self) -> int:
+        """``keep_user_tokens``, but never more than a quarter of the room (small windows, long prompts)."""
+        return min(self.limits.keep_user, self.room() // 4)
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool) -> SummaryJob:
@@ -91,7 +99,8 @@ class SummaryMaker:
     def replacement(self, mark: int, summary: Summary) -> Replacement:
         kept, _, carried = self.plan(mark)
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
-        carried = trim_lines(carried, max(self.limits.summary // 2, self.limits.summary - summary.tokens), count)
+        carry = min(max(self.limits.summary // 2, self.limits.summary - summary.tokens), self.room() // 4)
+        carried = trim_lines(carried, carry, count)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
         content = compose(header, kept, carried, summary.text)
         msg = {"role": "user", "content": content, "summary": True}
