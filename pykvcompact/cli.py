@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--window", type=int, default=None)
     a.add_argument("--mode", default="background", choices=MODES)
     a.add_argument("--plot", metavar="PNG", default=None, help="draw the session's timeline into this PNG file")
+    a.add_argument("--threads", type=int, default=None)
 
     sub.add_parser("models", parents=[common], help="list the models this machine can load")
 
@@ -81,7 +82,8 @@ def _emit(args, result, text_lines=()) -> None:
 def _agent(args) -> int:
     from .agent_demo import run_agent_demo
 
-    kwargs = {k: v for k, v in (("turns", args.turns), ("window", args.window)) if v is not None}
+    kwargs = {k: v for k, v in (("turns", args.turns), ("window", args.window), ("n_threads", args.threads))
+              if v is not None}
     out = (lambda s: None) if args.json else print
     if args.plot is None:
         summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)

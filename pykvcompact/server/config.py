@@ -22,7 +22,7 @@ class ServerConfig:
     max_sessions: Optional[int] = None      # None: as many as the cells and sequences allow
     history_dir: str = "conversation_history"
     default_max_tokens: int = 512
-    summary_max_tokens: int = 256
+    summary_max_tokens: Optional[int] = None  # None: the library default (window // 8)
     # generation chunk between the session's fill checks; a grammar (forced tool call) restarts at each
     # chunk, so it must hold a whole forced call
     chunk_tokens: int = 64
