@@ -23,47 +23,69 @@ import pykvcompact as pk
 from pykvcompact.agent_demo import run_agent_demo
 
 
+def run_mode(eng, mode: str, args, history: str, k: int) -> dict:
+    before = eng.stats()
+    turn_log = []
+    t0 = time.perf_counter()
+    summary = run_agent_demo(engine=eng, turns=args.turns, window=args.window, mode=mode, max_tokens=args.max_tokens,
+                             summary_max_tokens=args.summary_max_tokens, history_dir=history,
+                             session_id=f"bench-{mode}-{k}", out=turn_log.append)
+    elapsed = time.perf_counter() - t0
+    after = eng.stats()
+    turn_ms = [float(line.split("s  ")[0].split()[-1]) * 1000 for line in turn_log if line.startswith("turn ")]
+    summary.update({
+        "elapsed_s": round(elapsed, 2),
+        "turn_ms": {"median": round(statistics.median(turn_ms), 1),
+                    "p90": round(statistics.quantiles(turn_ms, n=10)[-1], 1) if len(turn_ms) >= 2 else None,
+                    "max": round(max(turn_ms), 1)},
+        "decode_rows": {k: after["rows"][k] - before["rows"][k] for k in after["rows"]},
+    })
+    return summary
+
+
+def spread(runs: list) -> dict:
+    """Median [min-max] over the repeats of the figures the README shows."""
+    def fig(f):
+        xs = [f(r) for r in runs]
+        med = statistics.median(xs)
+        return med if len(xs) == 1 else {"median": med, "min": min(xs), "max": max(xs)}
+    return {
+        "elapsed_s": fig(lambda r: r["elapsed_s"]), "turn_ms_median": fig(lambda r: r["turn_ms"]["median"]),
+        "turn_ms_max": fig(lambda r: r["turn_ms"]["max"]), "rebases": fig(lambda r: r["rebases"]),
+        "rebases_prepared": fig(lambda r: r["rebases_prepared"]), "rebases_fallback": fig(lambda r: r["rebases_fallback"]),
+        "dropped": fig(lambda r: r["dropped"]), "worst_stall_ms": fig(lambda r: r["worst_stall_ms"]),
+        "wait_ms_max": fig(lambda r: r["wait_ms_max"]),
+        "decode_rows": {k: fig(lambda r, k=k: r["decode_rows"][k]) for k in runs[0]["decode_rows"]},
+    }
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--modes", default="hard,background,rubric,fixed,none")
+    ap.add_argument("--modes", default="hard,background,rubric,tool,fixed,none")
     ap.add_argument("--turns", type=int, default=24)
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--summary-max-tokens", type=int, default=96)
+    ap.add_argument("--summary-max-tokens", type=int, default=None, help="default: the policy's (1/8 of the window)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode (median and spread of the figures)")
     ap.add_argument("--n-threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    n_ctx = 2 * args.window + args.summary_max_tokens + 1536
+    n_ctx = 2 * args.window + 1536
     eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers)
     result = {"model": args.model, "window": args.window, "turns": args.turns, "n_ctx": eng.n_ctx,
-              "n_threads": eng.n_threads, "max_tokens": args.max_tokens, "modes": {}}
+              "n_threads": eng.n_threads, "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": "2-core CPU", "modes": {}}
     history = tempfile.mkdtemp(prefix="pykvcompact-bench-")
     for mode in args.modes.split(","):
-        before = eng.stats()
-        turn_log = []
-        t0 = time.perf_counter()
-        summary = run_agent_demo(engine=eng, turns=args.turns, window=args.window, mode=mode,
-                                 max_tokens=args.max_tokens, summary_max_tokens=args.summary_max_tokens,
-                                 history_dir=history, session_id=f"bench-{mode}", out=turn_log.append)
-        elapsed = time.perf_counter() - t0
-        after = eng.stats()
-        turn_ms = [float(line.split("s  ")[0].split()[-1]) * 1000 for line in turn_log if line.startswith("turn ")]
-        rows = {k: after["rows"][k] - before["rows"][k] for k in after["rows"]}
-        summary.update({
-            "elapsed_s": round(elapsed, 2),
-            "turn_ms": {"median": round(statistics.median(turn_ms), 1),
-                        "p90": round(statistics.quantiles(turn_ms, n=10)[-1], 1) if len(turn_ms) >= 2 else None,
-                        "max": round(max(turn_ms), 1)},
-            "decode_rows": rows,
-            "mixed_batches": after["mixed_batches"] - before["mixed_batches"],
-        })
-        result["modes"][mode] = summary
-        print(f"{mode:10s} elapsed {elapsed:6.1f}s  turn median {summary['turn_ms']['median']:7.0f} ms  "
-              f"max {summary['turn_ms']['max']:7.0f} ms  rebases {summary['rebases']}  stall max "
-              f"{summary['stall_ms_max']} ms  rows {rows}", file=sys.stderr)
+        runs = [run_mode(eng, mode, args, history, k) for k in range(args.repeats)]
+        result["modes"][mode] = {"runs": runs, **spread(runs)}
+        m = result["modes"][mode]
+        print(f"{mode:10s} elapsed {m['elapsed_s']}  turn median {m['turn_ms_median']} ms  slowest {m['turn_ms_max']} "
+              f"ms  rebases {m['rebases']}  prepared {m['rebases_prepared']}  fallback {m['rebases_fallback']}  "
+              f"dropped {m['dropped']}  worst stall {m['worst_stall_ms']} ms", file=sys.stderr)
     eng.close()
     text = json.dumps(result, indent=2)
     if args.out:

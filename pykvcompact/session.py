@@ -281,7 +281,7 @@ class Session:
         if trig is None:
             return
         comp = self._compactor
-        v = self._prober.run(trig, has_cut=self._ctx.choose_mark(self.limits.keep_recent, 1) is not None,
+        v = self._prober.run(trig, has_cut=self._ctx.choose_mark(self.limits.keep_recent, self.limits.min_span) is not None,
                              committing=comp.prep is not None and comp.prep.commit_trigger is not None)
         yield from self._drain()
         if v == "COMPRESS":

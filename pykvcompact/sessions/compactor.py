@@ -12,7 +12,7 @@ from .port import engine_errors, free_cells
 from .preparation import Preparation
 from .swap import Replacement, Swap
 
-LOOSE = ("manual", "tool", "window_full", "compress")
+LOOSE = ("manual", "tool", "window_full")
 
 
 class Compactor:
@@ -244,10 +244,11 @@ class Compactor:
     def compress(self) -> None:
         """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""
         if self.policy.mode != "background":
-            self.compact("compress")
+            if self._mark() is not None:
+                self.compact("compress")
             return
         if self.prep is None:
-            self.start("compress", loose=True)
+            self.start("compress")  # a cut worth summarizing (min_span), or nothing
         if self.prep is not None:
             self.prep.commit_trigger = "compress"
             self.tick()
