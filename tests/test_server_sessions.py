@@ -197,3 +197,24 @@ def test_serve_command_in_a_subprocess(float_engine, tmp_path):
             proc.kill()
             proc.wait(timeout=10)
     assert proc.returncode in (0, 130, -signal.SIGINT)
+
+
+def test_more_conversations_than_sessions_wait_their_turn(float_engine, tmp_path):
+    """With room for one live session, three concurrent conversations are all served (each waits for an
+    idle session to offload) and still equal their solo runs."""
+    with running_server(float_engine, tmp_path, max_sessions=1) as srv:
+        solo = [converse(client(srv), q, session=f"one-solo-{i}") for i, q in enumerate(QUESTIONS[:3])]
+        got, errors = [None] * 3, []
+
+        def run(i):
+            try:
+                got[i] = converse(client(srv), QUESTIONS[i], session=f"one-together-{i}")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert not errors and got == solo

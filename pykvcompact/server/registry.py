@@ -91,10 +91,7 @@ class SessionRegistry:
     def open_session(self, conv: Conversation, system: Optional[str]) -> None:
         """Give ``conv`` (locked by the caller) a new session, offloading idle ones to make room."""
         conv.retire("rebuilt")
-        with self._lock:
-            while self._live_count() >= self.capacity:
-                self._offload_lru(exclude=conv)
-            conv.reserved = True
+        self._reserve(conv)
         try:
             for _ in range(self.capacity + 1):
                 try:
@@ -109,6 +106,23 @@ class SessionRegistry:
             raise APIError(503, "the engine has no room for another session", code="engine_full")
         finally:
             conv.reserved = False
+
+    def _reserve(self, conv: Conversation) -> None:
+        """Count ``conv`` as live, offloading idle sessions first; while every session is busy, wait for
+        one to finish (bounded by ``wait_s``) rather than refuse."""
+        deadline = time.monotonic() + self.wait_s
+        pause = threading.Event()
+        while True:
+            with self._lock:
+                try:
+                    while self._live_count() >= self.capacity:
+                        self._offload_lru(exclude=conv)
+                    conv.reserved = True
+                    return
+                except APIError:
+                    if time.monotonic() >= deadline:
+                        raise
+            pause.wait(0.05)
 
     def _live_count(self) -> int:
         return sum(1 for c in self._convs.values() if c.live or c.reserved)
