@@ -28,8 +28,14 @@ class Compactor:
 
     # ------------------------------------------------------------------ helpers
     def _mark(self, loose: bool = False, keep_recent: Optional[int] = None) -> Optional[int]:
+        """The cut to summarize up to.  ``loose`` (the limit is here, or the user asked): when no cut leaves
+        ``keep_recent`` raw and covers ``min_span``, rather cut later (a span worth summarizing) than
+        summarize a few tokens for no gain."""
         keep = self.lim.keep_recent if keep_recent is None else keep_recent
-        return self.ctx.choose_mark(keep, 1 if loose else self.lim.min_span)
+        m = self.ctx.choose_mark(keep, self.lim.min_span)
+        if m is None and loose:
+            m = self.ctx.choose_mark(0, self.lim.min_span) or self.ctx.choose_mark(keep, 1)
+        return m
 
     def _room_for(self, n: int) -> bool:
         return free_cells(self.ctx.engine) >= n + 8
@@ -92,7 +98,7 @@ class Compactor:
 
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
-        mark = self._mark() or (self._mark(True, 0 if trigger == "window_full" else None) if trigger in LOOSE else None)
+        mark = self._mark(trigger in LOOSE, 0 if trigger == "window_full" else None)
         if mark is None:
             self._skip("no_cut_point", trigger)
             return None
