@@ -6,6 +6,7 @@ command has a result) and ``--debug`` (a traceback on error; otherwise one line 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 
@@ -82,22 +83,33 @@ def _emit(args, result, text_lines=()) -> None:
 def _agent(args) -> int:
     from .agent_demo import run_agent_demo
 
+    from . import progress
+
     kwargs = {k: v for k, v in (("turns", args.turns), ("window", args.window), ("n_threads", args.threads))
               if v is not None}
-    out = (lambda s: None) if args.json else print
-    if args.plot is None:
-        summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)
-    else:
-        from .plots import plot_timeline
-        from .timeline import Timeline
-
-        timeline = Timeline()
-        with timeline.capture_new_sessions():
+    bar, out = None, print
+    if args.json:  # the per-turn lines are not printed: a progress bar (stderr) over the turns stands in
+        bar = progress.bar(args.turns or inspect.signature(run_agent_demo).parameters["turns"].default,
+                           "agent turns", "turn", delay=0.0)
+        out = lambda line: bar.update(1) if line.startswith("turn ") else None  # noqa: E731
+    try:
+        if args.plot is None:
             summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)
-        plot_timeline(timeline.finish(), args.plot, title=f"agent demo: {args.model or 'default model'}, mode {args.mode}")
-        summary = dict(summary, plot=args.plot)
-        if not args.json:
-            print(f"timeline written to {args.plot}")
+        else:
+            from .plots import plot_timeline
+            from .timeline import Timeline
+
+            timeline = Timeline()
+            with timeline.capture_new_sessions():
+                summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)
+            plot_timeline(timeline.finish(), args.plot,
+                          title=f"agent demo: {args.model or 'default model'}, mode {args.mode}")
+            summary = dict(summary, plot=args.plot)
+            if not args.json:
+                print(f"timeline written to {args.plot}")
+    finally:
+        if bar is not None:
+            bar.close()
     if args.json:
         print(json.dumps(summary, default=str))
     return 0
@@ -165,7 +177,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from . import progress
 
-    if args.quiet or args.json:
+    if args.quiet:  # bars go to stderr, so --json output on stdout stays clean with or without them
         progress.set_enabled(False)
     try:
         return COMMANDS[args.cmd](args)
