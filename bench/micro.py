@@ -1,5 +1,6 @@
 """Micro-benchmarks of the sequence operations: fork, probe (100 tokens at 1k/2k/4k of context),
-truncate, prepare/commit rebase. Each figure is the median over repeated runs, with the spread
+truncate, prepare/commit rebase, and the per-step cost of decoding: greedy ms/token alone, and while
+a background generation shares every decode step. Each figure is the median over repeated runs, with the spread
 (min, max, interquartile range). The probe is compared, in the same run, with what a client without
 KV reuse pays for the same question: prefilling context + probe from scratch.
 
@@ -25,6 +26,13 @@ def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "iqr": q[2] - q[0], "n": len(s)}
 
 
+def _loadavg() -> list[float]:
+    try:
+        return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+    except OSError:
+        return []
+
+
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -44,6 +52,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--contexts", default="1024,2048,4096")
     ap.add_argument("--probe-tokens", type=int, default=100)
     ap.add_argument("--baseline-repeats", type=int, default=2, help="repeats of the full re-prefill baseline (slow)")
+    ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--n-threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--out", default=None)
@@ -52,7 +61,7 @@ def main(argv=None) -> dict:
     n_ctx = max(contexts) * 2 + 1024
 
     eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers)
-    result = {"model": args.model, "n_ctx": eng.n_ctx, "n_threads": eng.n_threads, "machine": platform.machine(),
+    result = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": _loadavg(), "n_ctx": eng.n_ctx, "n_threads": eng.n_threads, "machine": platform.machine(),
               "processor": platform.processor(), "python": sys.version.split()[0], "repeats": args.repeats,
               "unit": "ms", "ops": {}}
     ops = result["ops"]
@@ -86,6 +95,21 @@ def main(argv=None) -> dict:
         ops[f"probe_reprefill_baseline_at_{L}"] = summary(base_ms)
         ops[f"probe_speedup_vs_reprefill_at_{L}"] = {
             "median": statistics.median(base_ms) / statistics.median(probe_ms), "unit": "x"}
+
+        # Per-step cost: greedy decoding on a fork, alone and next to a background generation.
+        decode_solo, decode_shared = [], []
+        for _ in range(max(1, args.repeats // 2)):
+            with seq.fork() as f:
+                decode_solo.append(timed(lambda: f.generate(args.decode_tokens)) / args.decode_tokens)
+            with seq.fork() as f, seq.fork() as other:
+                bg = other.generate_background(100_000)
+                decode_shared.append(timed(lambda: f.generate(args.decode_tokens)) / args.decode_tokens)
+                bg.cancel()
+                bg.result()
+        ops[f"decode_ms_per_token_at_{L}"] = summary(decode_solo)
+        ops[f"decode_ms_per_token_next_to_background_generation_at_{L}"] = summary(decode_shared)
+        ops[f"decode_speed_next_to_background_over_solo_at_{L}"] = {
+            "median": statistics.median(decode_solo) / statistics.median(decode_shared), "unit": "x"}
 
         trunc_ms = []
         tail = base[-100:]
@@ -121,9 +145,12 @@ def main(argv=None) -> dict:
         seq.close()
         print(f"context {L}: fork {ops[f'fork_{L}']['median']:.3f} ms, probe {ops[f'probe{args.probe_tokens}_at_{L}']['median']:.1f} ms "
               f"(re-prefill {ops[f'probe_reprefill_baseline_at_{L}']['median']:.0f} ms), "
+              f"decode {ops[f'decode_ms_per_token_at_{L}']['median']:.1f} ms/token "
+              f"({ops[f'decode_speed_next_to_background_over_solo_at_{L}']['median']:.2f}x next to a background generation), "
               f"truncate {ops[f'truncate100_at_{L}']['median']:.3f} ms, commit stall {ops[f'rebase_commit_stall_at_{L}']['median']:.3f} ms",
               file=sys.stderr)
 
+    result["loadavg_end"] = _loadavg()
     result["engine_stats"] = {k: v for k, v in eng.stats().items() if k != "tokens_per_sequence"}
     eng.close()
     text = json.dumps(result, indent=2)
