@@ -107,8 +107,8 @@ class Session:
     @property
     def fill(self) -> float:
         """Live tokens / window."""
-        seq = getattr(getattr(self, "_ctx", None), "seq", None)
-        return len(seq) / self.window if seq is not None and not seq.closed else 0.0
+        ctx = getattr(self, "_ctx", None)
+        return len(ctx) / self.window if ctx is not None and not ctx.seq.closed else 0.0
 
     @property
     def n_tokens(self) -> int:

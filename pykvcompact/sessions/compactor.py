@@ -50,7 +50,7 @@ class Compactor:
 
     def _on_truncate(self, n: int) -> None:
         p = self.prep
-        if p is not None and n < len(self.ctx.seq):
+        if p is not None and n < len(self.ctx):
             if n < p.mark_tok:
                 self.cancel("history_changed")
             else:
@@ -214,7 +214,7 @@ class Compactor:
             return
         p = self.prep
         if p is not None:
-            if p.advance(self.ctx.seq, room=self._room_for, mode=self.policy.rebase):
+            if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
                 self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
                 self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
             if p.rb is not None and p.rb.done() and p.rb_t0:

@@ -45,6 +45,7 @@ class Context:
         self.template = template
         self.tools = tools
         self.seq = engine.sequence()
+        self.n = 0                         # len(seq), tracked here: asking the engine waits for its next step
         self.text = ""
         self.entries: List[Entry] = []
         self.partial: Optional[Partial] = None
@@ -60,7 +61,7 @@ class Context:
         return self.engine.detokenize(toks) if toks else ""
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return self.n
 
     def views(self) -> List[dict]:
         return [e.view for e in self.entries]
@@ -73,7 +74,7 @@ class Context:
         """Token offset where the complete messages end (the partial reply starts there)."""
         if self.partial is not None and self.partial.start_tok is not None:
             return self.partial.start_tok
-        return len(self.seq)
+        return self.n
 
     def mark_tok(self, mark: int) -> int:
         return self.entries[mark].start_tok if mark < len(self.entries) else self.end_tok()
@@ -109,7 +110,7 @@ class Context:
         if len(self.entries) <= self.n_prefix or self.entries[self.n_prefix].start_tok is None:
             return None
         return choose_mark(self.msg_infos(), self.n_prefix, keep_recent, min_span=min_span,
-                           extra_tail=len(self.seq) - self.end_tok())
+                           extra_tail=self.n - self.end_tok())
 
     # ------------------------------------------------------------------ incremental rendering
     def _plan(self, N: str) -> Tuple[int, int, int]:
@@ -118,7 +119,7 @@ class Context:
         O = self.text
         c = common_prefix_len(O, N)
         if c == len(O) and is_safe_cut(N, c):
-            return len(O), len(self.seq), c
+            return len(O), self.n, c
         cands = [(0, 0)]
         for e in self.entries:
             if e.start_tok is not None and e.start_char <= c:
@@ -153,10 +154,11 @@ class Context:
         if self.partial is not None:
             bounds.append(self.partial.start_char)
         toks, at = self._tokenize_region(N, cut_char, bounds)
-        if cut_tok < len(self.seq):
+        if cut_tok < self.n:
             self.truncate(cut_tok)
         if toks:
             self.seq.append(toks)
+            self.n += len(toks)
             self.prefilled += len(toks)
         for e in self.entries:  # re-map message starts inside the re-appended region
             if e.start_char > cut_char:
@@ -195,10 +197,12 @@ class Context:
             self.seq.truncate(n)
         except engine_errors():  # recurrent models cannot cut a tail: rebuild the sequence
             self.replace_sequence(self.engine.sequence(self.seq.tokens[:n]))
+        self.n = n
 
     def replace_sequence(self, new_seq) -> None:
         """Swap in ``new_seq`` (created first by the caller), then close the old one."""
         old, self.seq = self.seq, new_seq
+        self.n = len(new_seq)
         try:
             old.close()
         except Exception:  # noqa: BLE001 - the old sequence is gone either way
@@ -207,12 +211,20 @@ class Context:
     # ------------------------------------------------------------------ replies
     def begin_reply(self) -> Partial:
         start = self.sync(self.render(add_generation_prompt=True))
-        self.partial = Partial(start[0], start[1], len(self.text), len(self.seq))
+        self.partial = Partial(start[0], start[1], len(self.text), self.n)
         return self.partial
 
     def reply_tokens(self, got: List[int]) -> None:
         p = self.partial
         p.tokens.extend(got)
+        self.n += len(got)
+        self.text = self.text[:p.gen_char] + self.detok(p.tokens)
+
+    def resync_reply(self) -> None:
+        """After an interrupted generation: the reply is what the sequence holds past its start."""
+        p = self.partial
+        p.tokens = self.seq.tokens[p.gen_tok:]
+        self.n = p.gen_tok + len(p.tokens)
         self.text = self.text[:p.gen_char] + self.detok(p.tokens)
 
     def reply_text(self) -> str:

@@ -43,7 +43,7 @@ class Preparation:
         return 0 if self.job.done else max(0, self.job.max_tokens - self.job.generated)
 
     # ------------------------------------------------------------------ verbs
-    def advance(self, seq, *, room: Callable[[int], bool], mode: str = "exact") -> bool:
+    def advance(self, seq, n: int, *, room: Callable[[int], bool], mode: str = "exact") -> bool:
         """Poll the summary; once there, build the replacement and start the rebased prefill (when the
         pool has room for it). True when the summary just became ready."""
         became = False
@@ -52,7 +52,7 @@ class Preparation:
                 return False
             self._ready()
             became = True
-        if self.rb is None and room(len(self.replacement.tokens) + len(seq) - self.mark_tok):
+        if self.rb is None and room(len(self.replacement.tokens) + n - self.mark_tok):
             try:
                 self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
                 self.rb_t0 = time.perf_counter()

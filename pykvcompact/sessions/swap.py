@@ -40,7 +40,7 @@ class Swap:
         ctx = self.ctx
         replaced = ctx.entries[ctx.n_prefix:rep.mark]
         span = ctx.span(rep.mark)
-        before = len(ctx.seq)
+        before = len(ctx)
         self.ledger.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
         info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
@@ -50,10 +50,11 @@ class Swap:
         ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
         self.ledger.forget(replaced)
         expect = before + span[0] + len(rep.tokens) - span[1]
-        if len(ctx.seq) != expect:  # pragma: no cover - engine contract violated
-            raise errors.EngineError(f"rebase left {len(ctx.seq)} tokens, expected {expect}")
+        ctx.n = len(ctx.seq)
+        if ctx.n != expect:  # pragma: no cover - engine contract violated
+            raise errors.EngineError(f"rebase left {ctx.n} tokens, expected {expect}")
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
-        info["tokens_before"], info["tokens_after"] = before, len(ctx.seq)
+        info["tokens_before"], info["tokens_after"] = before, ctx.n
         info["offloaded"] = sum(1 for e in replaced if not e.summary)
         return info
 

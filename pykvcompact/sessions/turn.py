@@ -60,8 +60,7 @@ class Turn:
         finally:
             if not completed and ctx.partial is p:
                 try:  # keep what was generated (decoded tokens stay in the sequence) and close the turn
-                    p.tokens = ctx.seq.tokens[p.gen_tok:]
-                    ctx.text = ctx.text[:p.gen_char] + ctx.detok(p.tokens)
+                    ctx.resync_reply()
                     self.close()
                 except Exception:  # noqa: BLE001 - the reply is recorded anyway; the original error propagates
                     pass
