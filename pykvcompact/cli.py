@@ -100,13 +100,15 @@ def _agent(args) -> int:
             from .timeline import Timeline
 
             timeline = Timeline()
-            with timeline.capture_new_sessions():
-                summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)
-            plot_timeline(timeline.finish(), args.plot,
-                          title=f"agent demo: {args.model or 'default model'}, mode {args.mode}")
+            try:
+                with timeline.capture_new_sessions():
+                    summary = run_agent_demo(model=args.model, mode=args.mode, out=out, **kwargs)
+            finally:  # a run that fails still leaves its timeline, which shows how it got there
+                if timeline.samples:
+                    plot_timeline(timeline.finish(), args.plot,
+                                  title=f"agent demo: {args.model or 'default model'}, mode {args.mode}")
+                    print(f"timeline written to {args.plot}", file=sys.stderr if args.json else sys.stdout)
             summary = dict(summary, plot=args.plot)
-            if not args.json:
-                print(f"timeline written to {args.plot}")
     finally:
         if bar is not None:
             bar.close()

@@ -2,7 +2,8 @@
 
 Top: KV fill (tokens / window) over time, with the soft and hard thresholds, probes (verdict), summary
 start and ready, rebases (swaps, with their stall) and offloads marked. Bottom: the latency between
-streamed tokens, so a stall at a swap (or its absence) is visible under the event that caused it."""
+streamed tokens and from each turn's start to its first token, so a stall at a swap (or its absence) is
+visible under the event that caused it."""
 from __future__ import annotations
 
 import os
@@ -45,14 +46,20 @@ def plot_timeline(timeline: Timeline, path, title: Optional[str] = None, dpi: in
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
         ax.set_title(title or ("pykvcompact session timeline " + timeline.label).strip(), fontsize=10)
 
-        itl = timeline.inter_token_ms()
+        itl, ttft = timeline.inter_token_ms(), timeline.first_token_ms()
         if itl:
-            lat.plot([t - t0 for t, _ in itl], [ms for _, ms in itl], ".", ms=2, color="tab:purple")
+            lat.plot([t - t0 for t, _ in itl], [ms for _, ms in itl], ".", ms=2, color="tab:purple",
+                     label="between tokens")
+        if ttft:
+            lat.plot([t - t0 for t, _ in ttft], [ms for _, ms in ttft], "s", ms=3, color="tab:orange",
+                     label="turn start to first token")
+        if itl or ttft:
             lat.set_yscale("log")
+            lat.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, framealpha=0.9)
         for e in timeline.events:
             if e.get("event") == "rebased":
                 lat.axvline(e["t"] - t0, color="tab:red", lw=0.8, alpha=0.6)
-        lat.set_ylabel("inter-token ms")
+        lat.set_ylabel("latency ms")
         lat.set_xlabel("seconds")
         fig.tight_layout()
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -100,6 +100,14 @@ class Timeline:
                 out.append((t2, (t2 - t1) * 1000.0))
         return out
 
+    def first_token_ms(self) -> List[Tuple[float, float]]:
+        """(t, ms from the start of a turn to its first streamed piece): prefill, plus any compaction that
+        ran before the reply (a swap at the hard limit shows here, not between tokens)."""
+        first = {}
+        for t, k in self.pieces:
+            first.setdefault(k, t)
+        return [(first[k], (first[k] - start) * 1000.0) for k, (start, _) in enumerate(self.turns) if k in first]
+
     def tokens_per_s(self) -> Optional[float]:
         """Pieces per second of generation, over the turns recorded (prefill and waits included)."""
         busy = sum(e - s for s, e in self.turns)
