@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER)
 
     s = sub.add_parser("serve", parents=[common], help="OpenAI-compatible HTTP server (needs the 'server' extra)")
-    s.add_argument("--model", default="smollm2-135m", help="registry name or GGUF path")
+    s.add_argument("--model", required=True, help="registry name (see 'pykvcompact models') or GGUF path")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--n-ctx", type=int, default=8192, help="KV cells shared by every session")
