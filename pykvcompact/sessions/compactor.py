@@ -43,10 +43,12 @@ class Compactor:
     def _state(self, after: int, waited_ms: float = 0.0) -> sch.State:
         p, n = self.prep, len(self.ctx)
         shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
+        # the pool is asked only above hard (an engine query waits for the engine's next step)
+        headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
         return sch.State(tokens=n, tokens_after=after, prep=p.state if p else "none",
                          summary_left=p.summary_left() if p else self.lim.summary,
                          prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
-                         waited_ms=waited_ms, headroom_ok=free_cells(self.ctx.engine) - (after - n) >= shadow)
+                         waited_ms=waited_ms, headroom_ok=headroom)
 
     def _on_truncate(self, n: int) -> None:
         p = self.prep
