@@ -35,15 +35,13 @@ from .sessions.compact_tool import CompactTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
 from .sessions.ledger import Ledger
-from .sessions.messages import ContextWindowError, check_tools, normalize_messages, view_of
+from .sessions.messages import ContextWindowError, check_sampling, check_tools, normalize_messages, view_of
 from .sessions.port import check_engine
 from .sessions.prober import LABELS, Prober
 from .sessions.sizing import check_base, resolve_session_window
 from .sessions.summaries import SummaryMaker
 from .sessions.turn import Turn
 from .summarizer import Summarizer
-
-SAMPLING = ("temperature", "top_p", "seed", "stop", "grammar")
 
 
 class Session:
@@ -311,12 +309,7 @@ class Session:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         msgs = normalize_messages(messages)
-        sampling = dict(sampling)
-        for k in sampling:
-            if k not in SAMPLING:
-                raise TypeError(f"unknown sampling argument {k!r}; use one of {SAMPLING}")
-        stop = sampling.pop("stop", None) or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        sampling, stop = check_sampling(sampling)
         new_tools = self._effective_tools(tools)
         self._pending.clear()
         self._n_calls += 1

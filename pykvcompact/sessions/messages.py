@@ -89,4 +89,17 @@ def check_tools(tools) -> List[dict]:
     return out
 
 
-__all__ = ["ContextWindowError", "normalize_messages", "check_tools", "view_of", "ROLES"]
+SAMPLING = ("temperature", "top_p", "seed", "stop", "grammar")
+
+
+def check_sampling(sampling: dict):
+    """``(sampling without stop, stop strings as a tuple)``; an unknown argument is a TypeError."""
+    sampling = dict(sampling)
+    for k in sampling:
+        if k not in SAMPLING:
+            raise TypeError(f"unknown sampling argument {k!r}; use one of {SAMPLING}")
+    stop = sampling.pop("stop", None) or ()
+    return sampling, ((stop,) if isinstance(stop, str) else tuple(stop))
+
+
+__all__ = ["ContextWindowError", "check_sampling", "normalize_messages", "check_tools", "view_of", "ROLES"]
