@@ -35,6 +35,8 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
                                     "): llama.cpp needs one output row per sequence");
     if (opts.background_chunk < 1 || opts.background_chunk_busy < 1)
         throw std::invalid_argument("background_chunk and background_chunk_busy must be >= 1");
+    if (opts.n_threads < 0 || opts.n_threads > 1024)
+        throw std::invalid_argument("n_threads must be between 1 and 1024, got " + std::to_string(opts.n_threads));
     if (opts.flash_attn < -1 || opts.flash_attn > 1) throw std::invalid_argument("flash_attn must be -1 (auto), 0 or 1");
     g_verbose = opts.verbose;
     llama_log_set(log_callback, nullptr);
@@ -78,7 +80,7 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     n_swa_ = llama_model_n_swa(model_);
     const auto rope = llama_model_rope_type(model_);
     mrope_ = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE;
-    kv_ = std::make_unique<KvBook>(ctx_, vocab_, n_ctx_, opts.n_seq_max, opts_.n_batch);
+    kv_ = std::make_unique<KvBook>(ctx_, vocab_, n_ctx_, opts.n_seq_max, opts_.n_batch, !recurrent_state());
     thread_ = std::thread([this] { loop(); });
     engine_thread_id_ = thread_.get_id();
     kv_->bind_thread(engine_thread_id_);

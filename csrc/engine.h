@@ -113,6 +113,7 @@ private:
     // the step loop (engine_step.cpp)
     void loop();
     bool step();
+    bool end_cancelled_queued_tasks();
     std::vector<Task *> build_batch(int budget, bool allow_background, bool & progress);
     void dispatch(const std::vector<Task *> & active);
     void reap_finished();

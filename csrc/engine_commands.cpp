@@ -38,6 +38,7 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
                                    " (one pool shared by all sequences); close sequences or use a larger n_ctx");
         }
         auto t = std::make_unique<PrefillTask>(kind, h, tokens, all_logits);
+        t->logits_every_chunk = recurrent_state();
         auto job = t->job;
         if (tokens.empty() && !s.busy()) { job->finish("done"); return job; }
         kv_->enqueue(s, *t, kind == RowKind::Background);
@@ -75,7 +76,11 @@ std::vector<float> Engine::seq_logits(uint64_t h) {
         std::vector<float> out = run_on_engine_thread([&] {
             SeqState & s = kv_->get(h);
             if (s.size() == 0) throw std::invalid_argument("the sequence is empty: there are no logits before the first token");
-            if (s.logits_valid) return kv_->logits_copy(s);
+            if (s.logits_valid) {
+                std::vector<float> v = kv_->logits_copy(s);
+                if (!v.empty()) return v;
+                s.logits_valid = false;  // not readable after all: compute them again
+            }
             if (s.busy()) throw SequenceBusyError(busy_msg(h));
             auto t = std::make_unique<PrefillTask>(RowKind::Foreground, h, std::vector<llama_token>{}, false);
             job = t->job;
@@ -240,9 +245,8 @@ std::map<std::string, double> Engine::commit_rebase(uint64_t h, uint64_t id) {
         RebaseTask * r = find_rebase(id);
         if (!r) throw EngineError("this rebase is no longer pending (committed, cancelled or failed); prepare it again");
         if (r->main_handle != h) throw std::invalid_argument("this rebase was prepared for another sequence");
-        auto f = r->commit_promise.get_future();
-        r->request_commit(*kv_);
-        return f;
+        r->request_commit(*kv_);  // throws, leaving the rebase committable later, if it cannot start now
+        return r->commit_promise.get_future();
     });
     return fut.get();
 }

@@ -39,7 +39,7 @@ void Engine::loop() {
 
 bool Engine::step() {
     if (tasks_.empty()) return false;
-    bool progress = false;
+    bool progress = end_cancelled_queued_tasks();
     int budget = (int) opts_.n_batch;
     bool allow_background = true;
     while (true) {
@@ -49,7 +49,14 @@ bool Engine::step() {
         const bool mixed = kv_->has_kind(RowKind::Background) && kv_->count_kind(RowKind::Background) < rows;
         EngineCounters & c = kv_->counters();
         auto t0 = std::chrono::steady_clock::now();
-        const int rc = kv_->decode();
+        std::string failure;
+        int rc = 0;
+        try {
+            rc = kv_->decode();
+        } catch (const std::exception & ex) {  // never let an exception end the engine thread
+            rc = -100;
+            failure = ex.what();
+        }
         c.decode_ms += ms_since(t0);
         c.decode_calls += 1;
         if (rc == 0) {
@@ -63,12 +70,15 @@ bool Engine::step() {
         c.failed_decodes += 1;
         kv_->rollback();
         for (Task * t : active) t->restore_cursor();
-        // rc 1: no KV slot for the batch. Retry without background rows, then with half the batch.
-        if (rc == 1 && mixed && allow_background) { allow_background = false; continue; }
+        // Retry without background rows, then with half the batch (rc 1 is "no KV slot for the
+        // batch"; other codes are retried the same way so that one task never fails another).
+        if (mixed && allow_background) { allow_background = false; continue; }
+        if (rows > 1 && active.size() > 1) { budget = std::max(1, rows / 2); continue; }
         if (rc == 1 && rows > 1) { budget = std::max(1, rows / 2); continue; }
         const std::string msg = rc == 1 ? "llama_decode found no free KV slot (n_ctx=" + std::to_string(n_ctx_) +
                                               "); close sequences or use a larger n_ctx"
-                                        : "llama_decode failed with code " + std::to_string(rc);
+                                        : "llama_decode failed with code " + std::to_string(rc) +
+                                              (failure.empty() ? "" : ": " + failure);
         auto err = rc == 1 ? std::make_exception_ptr(ContextFullError(msg)) : std::make_exception_ptr(EngineError(msg));
         for (Task * t : active) t->fail(*kv_, err, msg);  // with rc 1 this is the one task left
         progress = true;
@@ -76,6 +86,17 @@ bool Engine::step() {
     }
     reap_finished();
     return progress;
+}
+
+bool Engine::end_cancelled_queued_tasks() {
+    bool any = false;
+    for (auto & t : tasks_) {
+        if (!t->finished && t->job->cancel_requested() && !t->runnable(*kv_)) {
+            t->end_cancelled_while_queued(*kv_);
+            any = true;
+        }
+    }
+    return any;
 }
 
 std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool & progress) {

@@ -6,9 +6,10 @@
 
 namespace pkc {
 
-KvBook::KvBook(llama_context * ctx, const llama_vocab * vocab, uint32_t n_ctx, uint32_t n_seq_max, uint32_t n_batch)
+KvBook::KvBook(llama_context * ctx, const llama_vocab * vocab, uint32_t n_ctx, uint32_t n_seq_max, uint32_t n_batch,
+               bool can_redecode)
     : ctx_(ctx), mem_(llama_get_memory(ctx)), vocab_(vocab), n_vocab_(llama_vocab_n_tokens(vocab)), n_ctx_(n_ctx),
-      n_batch_(n_batch), slot_used_(n_seq_max, false), row_kind_(n_batch) {
+      n_batch_(n_batch), slot_used_(n_seq_max, false), row_kind_(n_batch), can_redecode_(can_redecode) {
     batch_ = llama_batch_init((int32_t) n_batch, 0, 1);
 }
 
@@ -128,7 +129,7 @@ void KvBook::unevaluate_last(SeqState & s) {
     ledger_.release(s.cells.back());
     s.cells.pop_back();
     auto & rb = rollback_[s.handle];
-    rb.second = std::min(rb.second, s.cells.size());
+    rb.cells = std::min(rb.cells, s.cells.size());
     s.logits_valid = false;
     s.logits_row = -1;
 }
@@ -161,7 +162,10 @@ void KvBook::begin_batch() {
 }
 
 void KvBook::touch(SeqState & s) {
-    rollback_.emplace(s.handle, std::make_pair(s.size(), s.evaluated()));
+    if (rollback_.count(s.handle)) return;
+    RollbackPoint p{s.size(), s.evaluated(), {}};
+    if (!can_redecode_ && s.logits_valid) p.logits = logits_copy(s);
+    rollback_.emplace(s.handle, std::move(p));
 }
 
 int KvBook::add_row(SeqState & s, llama_token t, bool want_logits, RowKind kind) {
@@ -226,15 +230,15 @@ void KvBook::rollback() {
     for (auto & [h, before] : rollback_) {
         SeqState * s = find(h);
         if (!s) continue;
-        const size_t n_tok = before.first, n_cells = before.second;
-        if (s->cells.size() > n_cells) {
-            llama_memory_seq_rm(mem_, s->sid, (llama_pos) n_cells, -1);
-            ledger_.release_range(s->cells, n_cells, s->cells.size());
-            s->cells.resize(n_cells);
+        if (s->cells.size() > before.cells) {
+            llama_memory_seq_rm(mem_, s->sid, (llama_pos) before.cells, -1);
+            ledger_.release_range(s->cells, before.cells, s->cells.size());
+            s->cells.resize(before.cells);
         }
-        s->tokens.resize(n_tok);
-        s->logits_valid = false;
+        s->tokens.resize(before.tokens);
         s->logits_row = -1;
+        s->logits_valid = !before.logits.empty() && s->fully_evaluated();
+        if (s->logits_valid) s->logits = std::move(before.logits);
     }
     rollback_.clear();
     batch_.n_tokens = 0;

@@ -30,7 +30,9 @@ struct EngineCounters {
 
 class KvBook {
 public:
-    KvBook(llama_context * ctx, const llama_vocab * vocab, uint32_t n_ctx, uint32_t n_seq_max, uint32_t n_batch);
+    // can_redecode: the memory can remove a sequence's last token (not recurrent or hybrid).
+    KvBook(llama_context * ctx, const llama_vocab * vocab, uint32_t n_ctx, uint32_t n_seq_max, uint32_t n_batch,
+           bool can_redecode);
     ~KvBook();
     KvBook(const KvBook &) = delete;
     KvBook & operator=(const KvBook &) = delete;
@@ -107,8 +109,14 @@ private:
     CellLedger ledger_;
     llama_batch batch_{};
     std::vector<RowKind> row_kind_;
-    // Per sequence touched by this batch: (tokens, cells) before the batch.
-    std::map<uint64_t, std::pair<size_t, size_t>> rollback_;
+    // Per sequence touched by this batch, its state before the batch. The logits are kept only where
+    // a rolled-back sequence could not compute them again (recurrent and hybrid memories).
+    struct RollbackPoint {
+        size_t tokens, cells;
+        std::vector<float> logits;
+    };
+    std::map<uint64_t, RollbackPoint> rollback_;
+    bool can_redecode_;
     int inject_count_ = 0, inject_rc_ = 0;
     EngineCounters counters_;
 };

@@ -18,6 +18,7 @@ std::string context_full_msg(KvBook & kv, size_t need) {
            " (one pool shared by all sequences). Close or truncate sequences, or create the Engine with a larger n_ctx.";
 }
 
+// n new tokens, each taking a new cell (the sequence is fully evaluated)
 bool fits(KvBook & kv, const SeqState & s, size_t n) { return kv.free_cells() >= n && s.size() + n <= kv.n_ctx(); }
 }  // namespace
 
@@ -64,21 +65,28 @@ int PrefillTask::add_rows(KvBook & kv, int budget) {
     const size_t left = tokens.size() - offset;
     // With nothing left to append, the sequence still needs its next-token logits.
     if (left == 0 && (s->logits_valid || s->size() == 0)) { complete(kv, "done"); return 0; }
-    if (left == 0 && s->fully_evaluated()) kv.unevaluate_last(*s);
-    const size_t pending = s->size() - s->evaluated();  // 0 or 1: a token whose decode failed
+    // A re-decode of the last token gives its cell back first, so it always fits.
+    const bool redecode = left == 0 && s->fully_evaluated();
+    const size_t pending = redecode ? 1 : s->size() - s->evaluated();  // 0 or 1
     const size_t n = std::min(left, (size_t) budget - std::min((size_t) budget, pending));
-    if (!fits(kv, *s, n + pending)) {
-        const std::string msg = context_full_msg(kv, n + pending);
+    const size_t new_cells = n + (redecode ? 0 : pending);
+    if (kv.free_cells() < new_cells || s->size() + n > kv.n_ctx()) {
+        const std::string msg = context_full_msg(kv, new_cells);
         fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
     }
-    if (pending) last_row = kv.add_pending_row(*s, left == 0, kind);
+    if (redecode) kv.unevaluate_last(*s);
+    if (pending) {
+        const bool want = n == 0;  // the pending token is the last one of this step
+        const int r = kv.add_pending_row(*s, want, kind);
+        if (want) last_row = r;
+    }
     for (size_t i = 0; i < n; ++i) {
         const bool last = offset + 1 == tokens.size();
-        const bool want = all_logits || last;
+        const bool want = all_logits || last || (logits_every_chunk && i + 1 == n);
         const int row = kv.add_row(*s, tokens[offset++], want, kind);
         if (all_logits) logit_rows.push_back(row);
-        if (last) last_row = row;
+        if (last || (logits_every_chunk && i + 1 == n)) last_row = row;
     }
     return (int) (n + pending);
 }

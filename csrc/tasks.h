@@ -42,6 +42,8 @@ struct Task {
     virtual void restore_cursor() {}
 
     void complete(KvBook & kv, const std::string & reason);
+    // A cancelled task still waiting behind another one ends at once, without running.
+    virtual void end_cancelled_while_queued(KvBook & kv) { complete(kv, "cancelled"); }
     void fail(KvBook & kv, std::exception_ptr err, const std::string & msg);
 
 protected:
@@ -63,6 +65,9 @@ struct PrefillTask : Task {
     uint64_t handle;
     std::vector<llama_token> tokens;
     bool all_logits;
+    // Recurrent and hybrid memories cannot re-decode a token later: keep each chunk's last logits
+    // there, so a cancelled or interrupted prefill leaves a sequence that can still generate.
+    bool logits_every_chunk = false;
     size_t offset = 0, offset_at_step = 0;
     std::vector<float> collected;
     std::vector<int> logit_rows;
@@ -161,6 +166,9 @@ struct RebaseTask : Task {
     // The main sequence was truncated to n tokens.
     void on_main_truncated(KvBook & kv, size_t n);
     bool superseded(KvBook & kv);
+    void end_cancelled_while_queued(KvBook & kv) override {
+        fail(kv, std::make_exception_ptr(CancelledError("rebase preparation was cancelled")), "rebase preparation was cancelled");
+    }
 
 protected:
     void on_fail(KvBook & kv, std::exception_ptr err) override;

@@ -101,6 +101,8 @@ class Engine:
         if n_seq_max > 256:
             raise ValueError(f"n_seq_max must be <= 256, got {n_seq_max}")
         n_threads = physical_cores() if n_threads is None else _check_int("n_threads", n_threads, 1)
+        if n_threads > 1024:
+            raise ValueError(f"n_threads must be <= 1024, got {n_threads}")
         seed = _check_int("seed", seed, 0) % (2**32 - 1)
         n_batch = _check_int("n_batch", n_batch, 1)
         background_chunk = _check_int("background_chunk", background_chunk, 1)
@@ -329,6 +331,8 @@ class Sequence:
 
     def _start_generate(self, max_tokens, temperature, top_p, seed, stop, grammar, kind) -> Job:
         max_tokens = _check_int("max_tokens", max_tokens, 0)
+        if isinstance(stop, (bytes, bytearray)):
+            raise TypeError("stop must be a string, a token id, or a list of them; decode bytes to str first")
         if isinstance(stop, (str, int)):
             stop = (stop,)
         stop_tokens, stop_strings = [], []

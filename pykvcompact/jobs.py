@@ -133,6 +133,14 @@ class Rebase:
         if not self._j.done() and not self.sequence.closed and not self.sequence.engine.closed:
             self.sequence.engine._live().cancel_rebase(self.id)
 
+    def __del__(self):
+        # A dropped preparation gives its slot and cells back (never raise from a finalizer).
+        try:
+            if not self._committed:
+                self.cancel()
+        except Exception:
+            pass
+
     @property
     def failed(self) -> bool:
         return self._j.finish_reason() == "error"
