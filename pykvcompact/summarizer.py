@@ -102,10 +102,11 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
         for p in _PATH_RE.findall(m.get("content") or ""):
             if p not in paths:
                 paths.append(p)
-    lines = ["(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
-             + ".)"]
+    lines = []
     if users:
         lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
+    lines.append("(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
+                 + ".)")
     counts = ", ".join(f"{v} {k}" for k, v in sorted(roles.items()))
     lines.append(f"Summarized messages: {sum(roles.values())} ({counts or 'none'}).")
     if tools:

@@ -46,12 +46,16 @@ class SummaryMaker:
         return kept, overflow, "\n".join(c for c in carried if c.strip())
 
     def room(self) -> int:
-        """Tokens a summary message can take and still leave the session room below hard."""
+        """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most half of
+        it (a quarter for the summary text, an eighth each for kept user messages and carried facts), so
+        that a swap always leaves room to work (small windows, long system prompts)."""
         return max(0, self.limits.hard - self.ctx.prefix_tok() - self.limits.keep_recent)
 
     def user_budget(self) -> int:
-        """``keep_user_tokens``, but never more than a quarter of the room (small windows, long prompts)."""
-        return min(self.limits.keep_user, self.room() // 4)
+        return min(self.limits.keep_user, self.room() // 8)
+
+    def text_budget(self) -> int:
+        return max(16, min(self.limits.summary, self.room() // 4))
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool) -> SummaryJob:
@@ -63,7 +67,7 @@ class SummaryMaker:
 
         def prompt(shorter: bool) -> List[int]:
             req = {"role": "user", "content": summarizer_request(
-                self.ledger.path, self.limits.summary, instructions, shorter,
+                self.ledger.path, budget, instructions, shorter,
                 overflow_users=[c.content for c in overflow], has_earlier=bool(carried))}
             B = ctx.render(base)
             N = ctx.render(base + [req], True) + FIRST_HEADING
@@ -76,15 +80,16 @@ class SummaryMaker:
             return f
 
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark]]
+        budget = self.text_budget()
         return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
-                          fallback=lambda reason: self.fallback_text(msgs, reason), detok=ctx.detok,
-                          max_tokens=self.limits.summary, timeout=self.policy.summary_timeout,
+                          fallback=lambda reason: self.fallback_text(msgs, reason, budget), detok=ctx.detok,
+                          max_tokens=budget, timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
                           head=FIRST_HEADING, count=lambda t: len(ctx.tok(t)),
                           room=lambda n: free_cells(ctx.engine) >= n + 8)
 
-    def fallback_text(self, msgs, reason: str) -> str:
-        budget = self.limits.summary
+    def fallback_text(self, msgs, reason: str, budget: int) -> str:
+        budget = max(16, budget)
         text = fallback_summary([m for m in msgs if not looks_like_tool_call(m.get("content") or "")],
                                 reason=reason, max_chars=budget * 6)
         lines = text.split("\n")
@@ -99,7 +104,7 @@ class SummaryMaker:
     def replacement(self, mark: int, summary: Summary) -> Replacement:
         kept, _, carried = self.plan(mark)
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
-        carry = min(max(self.limits.summary // 2, self.limits.summary - summary.tokens), self.room() // 4)
+        carry = min(max(self.limits.summary // 2, self.limits.summary - summary.tokens), self.room() // 8)
         carried = trim_lines(carried, carry, count)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
         content = compose(header, kept, carried, summary.text)
