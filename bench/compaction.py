@@ -6,7 +6,7 @@ measured at each swap, rebases and their triggers, probes and their cost, summar
 decode rows split by kind (foreground / background / probe), which shows where summary tokens were
 generated: on the main path (foreground) or interleaved in the background.
 
-    python bench/compaction.py --model smollm2-135m --turns 24 --window 1024 --out bench/results/compaction-smollm2.json
+    python bench/compaction.py --model smollm2-135m --turns 22 --window 1024 --out bench/results/compaction-smollm2.json
 """
 
 from __future__ import annotations
@@ -86,6 +86,9 @@ def main(argv=None) -> dict:
         print(f"{mode:10s} elapsed {m['elapsed_s']}  turn median {m['turn_ms_median']} ms  slowest {m['turn_ms_max']} "
               f"ms  rebases {m['rebases']}  prepared {m['rebases_prepared']}  fallback {m['rebases_fallback']}  "
               f"dropped {m['dropped']}  worst stall {m['worst_stall_ms']} ms", file=sys.stderr)
+        if args.out:  # written after each mode, so a long run that is stopped keeps what it measured
+            pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     eng.close()
     text = json.dumps(result, indent=2)
     if args.out:
