@@ -191,3 +191,23 @@ def test_bug10_compact_in_mode_none_has_cells_for_its_fork(tmp_path):
     e = s.compact()
     assert "summary_failed" not in names(s) and isinstance(e, events.Rebased) and not e.fallback
     check_invariants(s)
+
+
+def test_a_late_summary_falls_back_onto_a_prefilled_context(tmp_path, monkeypatch):
+    """Above hard with the summary still being written, the fallback's context is prefilled too, so the
+    swap at the window edge commits it instead of prefilling after the wait."""
+    from pykvcompact.sessions.swap import Swap
+    used = []
+    real = Swap._build
+
+    def build(self, span, repl, rb, mode):
+        used.append(rb is not None)
+        return real(self, span, repl, rb, mode)
+    monkeypatch.setattr(Swap, "_build", build)
+    eng, s = make("background", tmp_path=tmp_path, max_stall_ms=20)
+    eng.bg_polls = 10 ** 6
+    for i in range(40):
+        s.chat(user_msg(i), max_tokens=24)
+    late = [e for e in s.events if e.name == "rebased" and e.fallback]
+    assert late and sum(used) >= len(late) // 2
+    check_invariants(s)

@@ -132,12 +132,16 @@ class Compactor:
             self.emit(ev.SummaryFailed("max_stall", summary.attempts, f"not ready after {self.policy.max_stall_ms} ms"))
         if p.ready_at and p.ready_at >= t0:
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
-        if p.rb is not None and not p.rb.done() and edge:
-            left = max(0.0, self.policy.max_stall_ms / 1000.0 - (time.perf_counter() - t0))
-            p.rb.wait(left)
+        rep, rb = p.replacement, p.rb
+        if summary.fallback and p.fallback is not None:  # its context was prefilled while the summary was late
+            rep, rb = p.take_fallback()
+            p.drop_rebase()
+        elif rb is not None and not rb.done() and edge:
+            rb.wait(max(0.0, self.policy.max_stall_ms / 1000.0 - (time.perf_counter() - t0)))
+        p.drop_fallback()
         self.prep = None
         wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
-        return self._swap(p.replacement, trigger, t0, prepared=prepared, summary=summary, rb=p.rb, wait_ms=wait_ms)
+        return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
 
     def _swap(self, rep: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rb=None,
               wait_ms: float = 0.0) -> Optional[ev.Rebased]:
@@ -219,6 +223,9 @@ class Compactor:
             if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
                 self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
                 self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
+            if p.state == "summarizing" and len(self.ctx) >= self.lim.hard:  # late: prefill the fallback too
+                p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
+                                   mode=self.policy.rebase)
             if p.rb is not None and p.rb.done() and p.rb_t0:
                 self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
                 p.rb_t0 = 0.0

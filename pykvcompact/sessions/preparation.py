@@ -25,6 +25,8 @@ class Preparation:
         self.rb_t0 = 0.0
         self.commit_trigger: Optional[str] = None   # "compress": commit once caught up
         self.ready_at: Optional[float] = None
+        self.fallback: Optional[Replacement] = None  # the fallback summary's context, prefilled meanwhile
+        self.fallback_rb = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -51,6 +53,7 @@ class Preparation:
             if not self.job.poll():
                 return False
             self._ready()
+            self.drop_fallback()  # the model's summary is there: its context replaces the fallback's
             became = True
         if self.rb is None and room(len(self.replacement.tokens) + n - self.mark_tok):
             try:
@@ -59,6 +62,27 @@ class Preparation:
             except engine_errors():  # no slot or cells now: the commit prepares it synchronously
                 self.rb = None
         return became
+
+    def prepare_fallback(self, seq, n: int, summary: Summary, *, room: Callable[[int], bool],
+                         mode: str = "exact") -> None:
+        """The summary is late (the session runs above hard): prefill the fallback summary's context too,
+        so that if the window edge comes first the swap onto it is O(1) as well."""
+        if self.fallback is not None or self.replacement is not None:
+            return
+        rep = self._build(summary)
+        if not room(len(rep.tokens) + n - self.mark_tok):
+            return
+        try:
+            self.fallback_rb = seq.prepare_rebase(self.prefix_tok, rep.tokens, self.mark_tok, mode=mode)
+            self.fallback = rep
+        except engine_errors():
+            self.fallback_rb = None
+
+    def take_fallback(self):
+        """``(replacement, rebase)`` of the prepared fallback, or ``(None, None)``."""
+        rep, rb = self.fallback, self.fallback_rb
+        self.fallback, self.fallback_rb = None, None
+        return rep, rb
 
     def _ready(self) -> None:
         self.replacement = self._build(self.job.summary)
@@ -73,6 +97,7 @@ class Preparation:
 
     def drop_rebase(self) -> None:
         """The live tokens after the mark changed: the prepared rebase follows old tokens; redo it later."""
+        self.drop_fallback()
         if self.rb is not None:
             try:
                 self.rb.cancel()
@@ -83,6 +108,15 @@ class Preparation:
     def cancel(self) -> None:
         self.job.cancel()
         self.drop_rebase()
+        self.drop_fallback()
+
+    def drop_fallback(self) -> None:
+        rb, self.fallback_rb, self.fallback = self.fallback_rb, None, None
+        if rb is not None:
+            try:
+                rb.cancel()
+            except Exception:  # noqa: BLE001
+                pass
 
     @property
     def elapsed_ms(self) -> float:

@@ -126,11 +126,15 @@ class SummaryJob:
             left = None if deadline is None else deadline - time.perf_counter()
             if left is not None and left <= 0:
                 self.cancel()
-                text = self._fallback("max_stall")
-                self.summary = Summary(text, self._count(text), True, self.attempts, "max_stall")
+                self.summary = self.fallback_summary("max_stall")
                 break
             a.wait(min(left, 0.05) if left is not None else None)
         return self.summary
+
+    def fallback_summary(self, reason: str = "max_stall") -> Summary:
+        """What :meth:`wait` returns if its deadline passes (the job keeps running)."""
+        text = self._fallback(reason)
+        return Summary(text, self._count(text), True, self.attempts, reason)
 
     def cancel(self) -> None:
         if self.attempt is not None:
