@@ -54,11 +54,25 @@ def test_empty_timeline_is_an_error(tmp_path):
 
 
 def test_agent_plot_command(tiny_path, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+    """The CLI records whatever session the demo creates; a short stand-in demo keeps the test quick."""
+    import pykvcompact.agent_demo as demo
+
+    def short_demo(model=None, turns=2, window=1024, mode="background", out=print, **kw):
+        eng = pk.Engine(model, n_ctx=4096, n_seq_max=8, n_threads=1)
+        try:
+            s = pk.Session(eng, policy=pk.Policy(mode=mode, window=window), history_dir=str(tmp_path))
+            for i in range(turns):
+                s.chat(f"turn {i}", max_tokens=8)
+                out(f"turn {i} done")
+            s.close()
+            return {"turns": turns, "mode": mode}
+        finally:
+            eng.close()
+
+    monkeypatch.setattr(demo, "run_agent_demo", short_demo)
     png = tmp_path / "agent.png"
-    rc = cli.main(["agent", "--model", str(tiny_path), "--turns", "4", "--window", "1024", "--plot", str(png),
-                   "--json"])
+    rc = cli.main(["agent", "--model", str(tiny_path), "--turns", "3", "--plot", str(png), "--json"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["plot"] == str(png) and summary["turns"] == 4
+    assert summary == {"turns": 3, "mode": "background", "plot": str(png)}
     assert _is_png(png)

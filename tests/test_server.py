@@ -111,7 +111,7 @@ def test_streamed_tool_call(oai):
 
 
 def _filler(i: int) -> str:
-    rows = "\n".join(f"row {i}.{k}: value={i * 10 + k} status=ok" for k in range(8))
+    rows = "\n".join(f"row {i}.{k}: value={i * 10 + k} status=ok" for k in range(16))
     return f"Step {i}. Output of the last command:\n{rows}\nWhat is the value in row {i}.3? Answer briefly."
 
 
