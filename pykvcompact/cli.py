@@ -176,6 +176,10 @@ COMMANDS = {"demo": _demo, "agent": _agent, "models": _models, "bench": _bench, 
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["eval"]:  # the evaluation harness lives in the checkout (bench/eval) and owns its flags
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+        return __import__("bench.eval.__main__", fromlist=["main"]).main(argv[1:])
     args = _parser().parse_args(argv)
     from . import progress
 

@@ -1,0 +1,85 @@
+"""``python -m bench.eval`` (and ``pykvcompact eval``): the long-horizon evaluation of issue 8.
+
+    python -m bench.eval --model smollm2-135m --episodes 2 --quick          # the CI smoke run
+    python -m bench.eval --episodes 10                                      # the full run (see README.md)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+from .families import FAMILIES
+from .policies import POLICIES, Settings, full_window
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.eval", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="registry name or GGUF path")
+    ap.add_argument("--episodes", type=int, default=10, help="episodes per family")
+    ap.add_argument("--quick", action="store_true", help="small window and episodes (smoke run)")
+    ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
+    ap.add_argument("--window", type=int, default=None, help="override the window (tokens)")
+    ap.add_argument("--ratio", type=float, default=None, help="episode history / window (default 4, quick 3)")
+    ap.add_argument("--seed", type=int, default=1000, help="first episode seed (kept apart from calibration)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None, help="output prefix (default bench/results/eval-MODEL[-quick])")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--peer-timeout", type=float, default=6 * 3600)
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    for name, allowed in (("families", FAMILIES), ("policies", POLICIES)):
+        vals = [v for v in getattr(args, name).split(",") if v]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            ap.error(f"--{name}: unknown {bad or 'empty'}; choose from {', '.join(allowed)}")
+        setattr(args, name, vals)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from .run import run_all
+
+    settings = Settings.quick() if args.quick else Settings()
+    if args.window:
+        settings.window = args.window
+    if args.ratio:
+        settings.ratio = args.ratio
+    out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{'-quick' if args.quick else ''}")
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="pkv-eval-") as hist:
+        results = run_all(args, settings, hist, log)
+    meta = {"model": args.model, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "episodes_per_family": args.episodes, "window": settings.window, "full_window": full_window(settings),
+            "ratio": settings.ratio, "quick": args.quick, "families": args.families, "policies": args.policies,
+            "seed": args.seed, "duration_s": time.time() - t0, "settings": vars(settings), "driven_by": "environment",
+            "cpu_count": os.cpu_count()}
+    from . import metrics, report
+
+    table = metrics.table(results)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    files = report.write(out, meta, results, table, args.families, [p for p in args.policies if p in table])
+    if not args.no_plots:
+        from . import plots
+
+        files.append(plots.accuracy_vs_tokens(table, out + "-accuracy.png", f"{args.model}: accuracy vs cost"))
+        shown = next((r for r in results if r["compactions"]), results[0] if results else None)
+        if shown:
+            files.append(plots.fill_over_time(shown, out + "-fill.png",
+                                              f"{shown['family']} seed {shown['seed']}, {shown['policy']}"))
+    log(report.markdown(meta, table, args.families, [p for p in args.policies if p in table]))
+    log("wrote " + ", ".join(files))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The policies compared, as ``pk.Policy`` settings on one engine per model.
+
+``full`` gives the session a window big enough for the whole episode (the ceiling: nothing is ever
+compacted); ``none`` truncates (the floor); ``fixed``, ``hard``, ``rubric``, ``background`` and ``tool``
+are the session's modes; ``peer`` is llama-cpp-python's ``Llama`` driven by a harness (``peer_worker``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+POLICIES = ("full", "none", "fixed", "hard", "rubric", "background", "tool", "peer")
+RUBRIC_OF_FAMILY = {"ledger": "default", "search": "search", "code": "coding", "math": "math",
+                    "instructions": "default"}
+
+
+@dataclass
+class Settings:
+    window: int = 2048
+    reply_tokens: int = 24         # the model's reply after each tool result
+    answer_tokens: int = 24        # the reply to each final question
+    summary_max_tokens: Optional[int] = None   # None: the policy's default (window // 8)
+    probe_every: int = 256
+    ratio: float = 4.0             # episode history / window
+    compact_tool: bool = True      # offer compact_conversation in every summarizing mode (always in ``tool``)
+
+    @classmethod
+    def quick(cls) -> "Settings":
+        # the tool schema costs ~300 tokens on SmolLM2: offered only in ``tool`` mode in a quick run
+        return cls(window=1024, reply_tokens=8, answer_tokens=12, probe_every=128, ratio=3.0, compact_tool=False)
+
+
+def full_window(settings: Settings) -> int:
+    """A window that holds the whole episode, its replies and the questions."""
+    return int(settings.window * (settings.ratio + 1.5)) + 512
+
+
+def make_policy(name: str, family: str, settings: Settings):
+    import pykvcompact as pk
+
+    common = dict(summary_max_tokens=settings.summary_max_tokens, probe_every=settings.probe_every,
+                  rubric=RUBRIC_OF_FAMILY.get(family, "default"))
+    if name == "full":
+        return pk.Policy(mode="none", window=full_window(settings), compact_tool=False, **common)
+    if name in ("none", "fixed", "hard", "rubric", "background"):
+        return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool, **common)
+    if name == "tool":
+        return pk.Policy(mode="tool", window=settings.window, compact_tool=True, **common)
+    raise ValueError(f"unknown policy {name!r} (the peer runs in its own process)")

@@ -1,0 +1,84 @@
+"""What the harness learns from a session while an episode runs: the phase of each compaction, the
+labels of probe points, the fact recall of each summary, and the fill over time."""
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+from .episode import Episode
+from .scoring import carries
+
+# triggers that commit after the step's output is in the context; the others make room for what arrives
+AFTER_OUTPUT = ("compress", "tool", "manual")
+
+
+class Recorder:
+    def __init__(self, episode: Episode, window: int):
+        self.ep, self.window = episode, window
+        self.t0 = time.time()
+        self.compactions: List[dict] = []
+        self.probes: List[dict] = []
+        self.summaries: List[dict] = []
+        self.stalls_ms: List[float] = []
+        self.timeline: List[dict] = []
+        self.events: List[dict] = []
+        self._seen_events = 0
+        self._seen_summaries = 0
+
+    def phase(self, step: int) -> str:
+        """The state of the work once step ``step``'s output is in: at a boundary when it closed a
+        sub-goal (or no step has run yet), in the middle of a sub-goal otherwise."""
+        if step < 0:
+            return "boundary"
+        if step >= len(self.ep.steps):
+            return "questions"
+        return "boundary" if self.ep.steps[step].closes else "mid"
+
+    def after(self, session, step: int, adding: bool) -> None:
+        """Read the events since the last call. ``adding``: the step's messages were being added (a
+        compaction that makes room for them happened before its output was in)."""
+        new = session.events[self._seen_events:]
+        self._seen_events = len(session.events)
+        last_fill = self.timeline[-1]["fill"] if self.timeline else session.fill
+        for e in new:
+            self.events.append({"t": e.t - self.t0, "name": e.name, "step": step})
+            if e.name == "probe":
+                self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
+                                    "reason": e.reason, "label": self.phase(step)})
+            elif e.name in ("rebased", "dropped"):
+                trig = getattr(e, "trigger", "window")
+                at = step - 1 if (adding and trig not in AFTER_OUTPUT) else step
+                fill = e.tokens_before / self.window if e.name == "rebased" else last_fill
+                self.compactions.append({"step": step, "phase": self.phase(at), "fill": round(fill, 4),
+                                         "trigger": trig, "kind": e.name,
+                                         "stall_ms": getattr(e, "stall_ms", 0.0),
+                                         "fallback": bool(getattr(e, "fallback", False))})
+                if e.name == "rebased":
+                    self.stalls_ms.append(e.stall_ms)
+        self._read_summaries(session)
+        self.timeline.append({"t": time.time() - self.t0, "fill": session.fill, "step": step})
+
+    def _read_summaries(self, session) -> None:
+        summaries = [m for m in session.transcript if m.get("summary")]
+        if len(summaries) <= self._seen_summaries:
+            return
+        gone = {m.get("content") for m in session.offloaded}
+        sources = {-1: self.ep.task}
+        sources.update({i: s.output for i, s in enumerate(self.ep.steps)})
+        required = [f for f in self.ep.facts if sources.get(f.step) in gone]
+        for m in summaries[self._seen_summaries:]:
+            text = m.get("content") or ""
+            carried = [f.text for f in required if carries(text, f.text)]
+            self.summaries.append({"required": [f.text for f in required], "carried": carried,
+                                   "recall": (len(carried) / len(required)) if required else None,
+                                   "chars": len(text)})
+        self._seen_summaries = len(summaries)
+
+    def result(self) -> dict:
+        return {"compactions": self.compactions, "probes": self.probes, "summaries": self.summaries,
+                "stalls_ms": self.stalls_ms, "timeline": self.timeline, "events": self.events}
+
+
+def recall_mean(summaries: List[dict]) -> Optional[float]:
+    vals = [s["recall"] for s in summaries if s["recall"] is not None]
+    return sum(vals) / len(vals) if vals else None

@@ -1,0 +1,50 @@
+"""The run's outputs: JSON (every episode and the aggregates) and a markdown table."""
+from __future__ import annotations
+
+import json
+from typing import Dict, List
+
+
+def _f(x, fmt="{:.2f}", none="-") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str], policies: List[str]) -> str:
+    lines = [f"# Evaluation: {meta['model']} ({meta['date']})", "",
+             f"{meta['episodes_per_family']} episode(s) per family, window {meta['window']}, "
+             f"{meta['duration_s']:.0f} s in all, driven by the environment (scripted tool calls); "
+             f"{'quick settings' if meta.get('quick') else 'full settings'}.", "",
+             "## Accuracy (95% Wilson interval) per family", "",
+             "| policy | " + " | ".join(families) + " | all |",
+             "|---|" + "---|" * (len(families) + 1)]
+    for pol in policies:
+        row = metrics.get(pol, {})
+        cells = []
+        for fam in families + ["all"]:
+            m = row.get(fam)
+            cells.append("-" if not m or m["accuracy"] is None else
+                         f"{m['accuracy']:.2f} [{m['ci95'][0]:.2f}-{m['ci95'][1]:.2f}]")
+        lines.append(f"| {pol} | " + " | ".join(cells) + " |")
+    lines += ["", "## Cost and compaction (all families)", "",
+              "| policy | tokens/episode | prefill | decode | probe | background | wall s/episode | compactions "
+              "| at boundary | mean fill | fact recall | probe AUC | worst stall ms |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pol in policies:
+        m = metrics.get(pol, {}).get("all")
+        if not m:
+            continue
+        t, e = m["tokens"], max(1, m["episodes"])
+        lines.append(
+            f"| {pol} | {t['total'] / e:.0f} | {t['prefill'] / e:.0f} | {t['decode'] / e:.0f} | "
+            f"{t['probe'] / e:.0f} | {t['background'] / e:.0f} | {_f(m['wall_s_per_episode'], '{:.1f}')} | "
+            f"{m['compactions']} | {m['compactions_at_boundary']} | {_f(m['compaction_fill_mean'])} | "
+            f"{_f(m['fact_recall_mean'])} | {_f(m['probe_auc'])} | {_f(m['stalls_ms_max'], '{:.0f}')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(prefix: str, meta: dict, results: List[dict], metrics: dict, families, policies) -> List[str]:
+    with open(prefix + ".json", "w") as f:
+        json.dump({"meta": meta, "metrics": metrics, "episodes": results}, f, indent=1, default=str)
+    with open(prefix + ".md", "w") as f:
+        f.write(markdown(meta, metrics, list(families), list(policies)))
+    return [prefix + ".json", prefix + ".md"]

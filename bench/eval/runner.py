@@ -1,0 +1,62 @@
+"""One episode under one of our policies: the environment drives the session through the tool steps,
+then the questions are asked through the session and scored."""
+from __future__ import annotations
+
+import time
+
+from .environment import Environment
+from .episode import Episode
+from .policies import Settings, make_policy
+from .recorder import Recorder
+from .scoring import is_correct
+
+
+def token_delta(before: dict, after: dict, decode: int) -> dict:
+    """Tokens evaluated, from ``engine.stats()``: foreground rows not spent on replies are prefill (the
+    history, and synchronous summaries written on a fork); probe and background rows as counted."""
+    fg = after["rows"]["foreground"] - before["rows"]["foreground"]
+    out = {"prefill": fg - decode, "decode": decode,
+           "probe": after["rows"]["probe"] - before["rows"]["probe"],
+           "background": after["rows"]["background"] - before["rows"]["background"]}
+    out["total"] = sum(out.values())
+    return out
+
+
+def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, history_dir: str) -> dict:
+    import pykvcompact as pk
+
+    policy = make_policy(policy_name, ep.family, settings)
+    env = Environment(ep)
+    before = engine.stats()
+    t0 = time.perf_counter()
+    session = pk.Session(engine, system=ep.system, policy=policy, tools=ep.tools, history_dir=history_dir,
+                         session_id=f"{ep.family}-{ep.seed}-{policy_name}")
+    rec = Recorder(ep, session.window)
+    decode, pending, answers = 0, [], []
+    try:
+        session.add({"role": "user", "content": ep.task})
+        rec.after(session, -1, adding=True)
+        for i, step in enumerate(ep.steps):
+            session.add(pending + env.step_messages(i, step))
+            rec.after(session, i, adding=True)
+            r = session.chat([], max_tokens=settings.reply_tokens)
+            decode += r["usage"]["completion_tokens"]
+            rec.after(session, i, adding=False)
+            pending = env.answer(r["choices"][0]["message"])
+        if pending:
+            session.add(pending)
+        for q in ep.questions:
+            r = session.chat(q.prompt, max_tokens=settings.answer_tokens)
+            decode += r["usage"]["completion_tokens"]
+            rec.after(session, len(ep.steps), adding=False)
+            reply = r["choices"][0]["message"].get("content") or ""
+            answers.append({"prompt": q.prompt, "answer": q.answer, "reply": reply, "early": q.early,
+                            "correct": is_correct(reply, q.answer)})
+    finally:
+        window = session.window
+        session.close()
+    wall = time.perf_counter() - t0
+    return dict(family=ep.family, seed=ep.seed, policy=policy_name, window=window, wall_s=wall,
+                answers=answers, tokens=token_delta(before, engine.stats(), decode),
+                model_tool_calls=env.model_calls, model_tool_calls_matched=env.model_calls_matched,
+                **rec.result())

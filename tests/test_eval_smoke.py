@@ -1,0 +1,93 @@
+"""The evaluation harness (bench/eval): its arithmetic, and a tiny smoke run on SmolLM2 whose metrics must
+be consistent (not good: SmolLM2 is weak)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from bench.eval.metrics import auc, summarize, wilson
+from bench.eval.scoring import carries, is_correct
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    assert wilson(0, 4)[0] == 0.0 and wilson(4, 4)[1] == pytest.approx(1.0)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_auc_is_mann_whitney():
+    assert auc([0.9, 0.8], [0.1, 0.2]) == 1.0
+    assert auc([0.1], [0.9]) == 0.0
+    assert auc([0.5, 0.7], [0.5]) == 0.75        # a tie counts one half
+    assert auc([], [0.3]) is None
+
+
+def test_scoring_is_normalised_whole_token_match():
+    assert is_correct("The total is **5,032.39**.", "5032.39")
+    assert not is_correct("15032.39", "5032.39")
+    assert is_correct("rel7-", "rel7-") and is_correct("Friday.", "friday")
+    assert not is_correct("", "7943")
+    assert carries("Verified facts: R1 = 2447", "2447") and not carries("R1 = 244", "2447")
+
+
+def _consistent(m: dict) -> None:
+    if m["accuracy"] is not None:
+        assert 0.0 <= m["accuracy"] <= 1.0
+        assert m["ci95"][0] <= m["accuracy"] <= m["ci95"][1]
+    t = m["tokens"]
+    assert t["prefill"] > 0 and t["decode"] > 0 and min(t.values()) >= 0
+    assert t["total"] == t["prefill"] + t["decode"] + t["probe"] + t["background"]
+    assert m["compactions_at_boundary"] + m["compactions_mid"] <= m["compactions"]  # + the questions phase
+    assert m["fact_recall_mean"] is None or 0.0 <= m["fact_recall_mean"] <= 1.0
+    assert m["probe_auc"] is None or 0.0 <= m["probe_auc"] <= 1.0
+
+
+def test_smoke_run_on_smollm2(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pykvcompact.models import resolve_model
+    try:
+        resolve_model("smollm2-135m")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"SmolLM2 is not installed: {exc}")
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "bench.eval", "--model", "smollm2-135m", "--episodes", "2", "--quick",
+           "--families", "ledger,instructions", "--policies", "full,hard,background,peer", "--ratio", "2.5",
+           "--out", str(out), "--quiet"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out.parent / "eval.json").read_text())
+    for suffix in (".md", "-accuracy.png", "-fill.png"):
+        assert (out.parent / f"eval{suffix}").stat().st_size > 0
+    eps = data["episodes"]
+    assert {(e["policy"], e["family"]) for e in eps} == {(p, f) for p in ("full", "hard", "background", "peer")
+                                                       for f in ("ledger", "instructions")}
+    assert len(eps) == 16
+    for e in eps:
+        assert e["answers"] and all(isinstance(a["correct"], bool) for a in e["answers"])
+        assert e["wall_s"] > 0
+        for c in e["compactions"]:
+            assert c["phase"] in ("boundary", "mid", "questions") and 0.0 < c["fill"] <= 1.0
+        for s in e["summaries"]:
+            assert s["recall"] is None or 0.0 <= s["recall"] <= 1.0
+            assert set(s["carried"]) <= set(s["required"])
+        for p in e["probes"]:
+            assert 0.0 <= p["p"] <= 1.0 and p["label"] in ("boundary", "mid", "questions")
+        assert all(0.0 <= x["fill"] <= 1.0 for x in e["timeline"])
+    # the full window never compacts; the hard policy and the peer must have compacted (else the run is vacuous)
+    assert not any(e["compactions"] for e in eps if e["policy"] == "full")
+    for pol in ("hard", "peer"):
+        assert any(e["compactions"] for e in eps if e["policy"] == pol), pol
+    for pol, fams in data["metrics"].items():
+        for fam, m in fams.items():
+            _consistent(m)
+            assert m == summarize([e for e in eps if e["policy"] == pol and fam in ("all", e["family"])])
+    table = (out.parent / "eval.md").read_text()
+    for pol in ("full", "hard", "background", "peer"):
+        assert f"| {pol} |" in table
