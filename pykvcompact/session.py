@@ -251,7 +251,10 @@ class Session:
                 return
             if after_fn() <= self.window:
                 return
-        raise ContextWindowError(f"the new text does not fit in the window of {self.window} tokens")
+        raise ContextWindowError(
+            f"the new text does not fit in the window of {self.window} tokens even after compaction: "
+            f"{after_fn()} needed, {len(ctx)} live in {len(ctx.entries)} messages (system prompt {ctx.prefix_tok()}); "
+            "shorten the message, or use a larger window")
 
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):

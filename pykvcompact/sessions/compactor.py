@@ -167,12 +167,15 @@ class Compactor:
 
     def drop(self, need: int, reason: str) -> bool:
         """Context shift: drop the oldest turns after the system prompt (offloaded first)."""
-        from .marks import drop_plan
+        from .marks import cut_allowed, drop_plan
         self.cancel("window_full")
         ctx = self.ctx
         if len(ctx.entries) <= ctx.n_prefix or ctx.entries[ctx.n_prefix].start_tok is None:
             return False
-        m = drop_plan(ctx.msg_infos(), ctx.n_prefix, need)
+        infos = ctx.msg_infos()
+        m = drop_plan(infos, ctx.n_prefix, need)
+        if m is None:  # not enough to free: drop all that can be dropped (the caller says if it still fails)
+            m = max((k for k in range(ctx.n_prefix + 1, len(infos) + 1) if cut_allowed(infos, k)), default=None)
         if m is None:
             return False
         t0 = time.perf_counter()
