@@ -50,7 +50,7 @@ def check_invariants(s):
     assert s.tokens == s.engine.tokenize(s.render())
 
 
-@pytest.mark.parametrize("mode", ["none", "fixed", "hard", "rubric", "background"])
+@pytest.mark.parametrize("mode", ["none", "fixed", "hard", "rubric", "background", "tool"])
 def test_every_mode_crosses_the_window_without_overflow(mode, tmp_path):
     eng, s = make(mode, tmp_path=tmp_path, probe_fn=lambda t: 0.9)
     peak = 0
@@ -441,3 +441,15 @@ def test_call_tool_directly(tmp_path):
     with pytest.raises(ValueError):
         s.call_tool("read_file")
     check_invariants(s)
+
+
+def test_tool_mode_is_the_tool_alone_with_hard_as_safety_net(tmp_path):
+    eng, s = make("tool", tmp_path=tmp_path, compact_tool=True, window=2000, probe_fn=lambda t: 0.99)
+    assert any(t["function"]["name"] == compaction_tool.NAME for t in s._cur_tools)
+    for i in range(60):
+        s.chat(user_msg(i), max_tokens=16)
+    assert "probe" not in names(s) and "probe_skipped" not in names(s)   # no probes in this mode
+    assert {e.trigger for e in s.events if e.name == "rebased"} == {"hard"}
+    assert s.call_tool() != compaction_tool.NOTHING_TO_COMPACT or "compaction_skipped" in names(s)
+    eng, n = make("none", tmp_path=tmp_path, compact_tool=True)
+    assert n._cur_tools is None                                           # truncation offers no tool
