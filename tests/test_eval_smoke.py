@@ -1,5 +1,7 @@
 """The evaluation harness (bench/eval): its arithmetic, and a tiny smoke run on SmolLM2 whose metrics must
-be consistent (not good: SmolLM2 is weak)."""
+be consistent (not good: SmolLM2 is weak).  The smoke run is ``--episodes 2 --quick`` on one family and four
+policies with short episodes (1.5 x the window), so that it stays near 2-3 minutes on 2 idle cores;
+``--threads 1`` because on a shared, loaded machine two ggml threads per process are ~10x slower."""
 import json
 import os
 import pathlib
@@ -57,18 +59,17 @@ def test_smoke_run_on_smollm2(tmp_path):
         pytest.skip(f"SmolLM2 is not installed: {exc}")
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "bench.eval", "--model", "smollm2-135m", "--episodes", "2", "--quick",
-           "--families", "ledger,instructions", "--policies", "full,hard,background,peer", "--ratio", "2.5",
-           "--out", str(out), "--quiet"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400,
+           "--families", "instructions", "--policies", "full,hard,background,peer", "--ratio", "1.5",
+           "--threads", "1", "--out", str(out), "--quiet"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((out.parent / "eval.json").read_text())
     for suffix in (".md", "-accuracy.png", "-fill.png"):
         assert (out.parent / f"eval{suffix}").stat().st_size > 0
     eps = data["episodes"]
-    assert {(e["policy"], e["family"]) for e in eps} == {(p, f) for p in ("full", "hard", "background", "peer")
-                                                       for f in ("ledger", "instructions")}
-    assert len(eps) == 16
+    assert sorted((e["policy"], e["seed"]) for e in eps) == sorted(
+        (p, s) for p in ("full", "hard", "background", "peer") for s in (1000, 1001))
     for e in eps:
         assert e["answers"] and all(isinstance(a["correct"], bool) for a in e["answers"])
         assert e["wall_s"] > 0

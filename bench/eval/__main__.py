@@ -56,29 +56,40 @@ def main(argv=None) -> int:
     out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{'-quick' if args.quick else ''}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     t0 = time.time()
+    written: list = []
+
+    def save(results):
+        written[:] = _write(args, settings, out, results, time.time() - t0)
+
     with tempfile.TemporaryDirectory(prefix="pkv-eval-") as hist:
-        results = run_all(args, settings, hist, log)
+        results = run_all(args, settings, hist, log, checkpoint=save)
+    save(results)
+    log(open(out + ".md").read())
+    log("wrote " + ", ".join(written))
+    return 0
+
+
+def _write(args, settings, out: str, results: list, duration_s: float) -> list:
+    """JSON, markdown and plots of the results so far."""
+    from . import metrics, report
+
     meta = {"model": args.model, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "episodes_per_family": args.episodes, "window": settings.window, "full_window": full_window(settings),
             "ratio": settings.ratio, "quick": args.quick, "families": args.families, "policies": args.policies,
-            "seed": args.seed, "duration_s": time.time() - t0, "settings": vars(settings), "driven_by": "environment",
-            "cpu_count": os.cpu_count()}
-    from . import metrics, report
-
+            "seed": args.seed, "duration_s": duration_s, "settings": vars(settings), "driven_by": "environment",
+            "threads": args.threads, "cpu_count": os.cpu_count()}
     table = metrics.table(results)
+    families = [f for f in args.families if any(r["family"] == f for r in results)]
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    files = report.write(out, meta, results, table, args.families, [p for p in args.policies if p in table])
-    if not args.no_plots:
+    files = report.write(out, meta, results, table, families, [p for p in args.policies if p in table])
+    if not args.no_plots and results:
         from . import plots
 
         files.append(plots.accuracy_vs_tokens(table, out + "-accuracy.png", f"{args.model}: accuracy vs cost"))
-        shown = next((r for r in results if r["compactions"]), results[0] if results else None)
-        if shown:
-            files.append(plots.fill_over_time(shown, out + "-fill.png",
-                                              f"{shown['family']} seed {shown['seed']}, {shown['policy']}"))
-    log(report.markdown(meta, table, args.families, [p for p in args.policies if p in table]))
-    log("wrote " + ", ".join(files))
-    return 0
+        shown = next((r for r in results if r["compactions"] and r["policy"] != "peer"), results[0])
+        files.append(plots.fill_over_time(shown, out + "-fill.png",
+                                          f"{shown['family']} seed {shown['seed']}, {shown['policy']}"))
+    return files
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class PeerHarness:
         self.summaries: List[str] = []
         self.compactions: List[dict] = []      # {"fill", "stall_ms", "when": "add" | "reply"}
         self.tokens = {"prefill": 0, "decode": 0}
+        self.truncated = 0                      # messages dropped because even the compacted context overflowed
         self._is_eog = lambda t: llama_cpp.llama_vocab_is_eog(llm._model.vocab, t)
 
     # ---------------------------------------------------------------- tokens
@@ -73,6 +74,12 @@ class PeerHarness:
         if len(self._tokens(self.messages + msgs, gen=True)) + reserve > HARD * self.window:
             self._compact("add")
             compacted = True
+        # a harness must fit its window: when summary + recent + the new messages still do not, the oldest
+        # recent messages go (truncation), counted in ``truncated``
+        while (len(self.messages) > 2 and
+               len(self._tokens(self.messages + msgs, gen=True)) + reserve > self.window):
+            self.dropped.append(self.messages.pop(2))
+            self.truncated += 1
         self.messages.extend(msgs)
         return compacted
 

@@ -50,7 +50,8 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
     tokens = dict(h.tokens, probe=0, background=0)
     tokens["total"] = sum(tokens.values())
     return dict(family=ep.family, seed=ep.seed, policy="peer", window=window, wall_s=time.perf_counter() - t0,
-                answers=answers, tokens=tokens, model_tool_calls=0, model_tool_calls_matched=0,
+                answers=answers, tokens=tokens, peer_truncated_messages=h.truncated, model_tool_calls=0,
+                model_tool_calls_matched=0,
                 compactions=compactions, probes=[], summaries=summaries,
                 stalls_ms=[c["stall_ms"] for c in compactions], timeline=rec.timeline,
                 events=[{"t": None, "name": "rebased", "step": c["step"]} for c in compactions])
