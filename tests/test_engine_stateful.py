@@ -99,9 +99,11 @@ class SequenceModel(RuleBasedStateMachine):
         out = e["seq"].generate(n)
         assert len(out) <= n
         if n > 0 and e["valid"] is not True:
-            if e["valid"] is None:  # unknown after a commit that raced a truncate: read which it was
-                redecoded = self.engine.used_cells() - before - len(out) == 1 or (
-                    self.engine.used_cells() - before - len(out) == 0 and e["cells"][-1] in self.shared_cells(e))
+            if e["valid"] is None:  # unknown after a commit: read which it was
+                # one cell more than the tokens: the last token was decoded again and its old cell
+                # stays a fork's; as many as the tokens: not re-decoded, or re-decoded in place of an
+                # unshared cell (the model's count is the same either way)
+                redecoded = self.engine.used_cells() - before - len(out) == 1
                 if not redecoded:
                     e["valid"] = True
             if e["valid"] is not True:
@@ -132,8 +134,6 @@ class SequenceModel(RuleBasedStateMachine):
         rb = e["rebase"]
         if rb is not None and n < rb["keep_from"]:
             rb["valid"] = False
-        elif rb is not None:
-            rb["raced_truncate"] = True
 
     @precondition(lambda self: self.live and self.slots_used() < N_SEQ_MAX)
     @rule(i=st.integers(0, 100), tokens=token_lists)
@@ -154,8 +154,7 @@ class SequenceModel(RuleBasedStateMachine):
         if not self.room(len(replacement) + n):
             return
         rb = e["seq"].prepare_rebase(kp, replacement, kf)
-        e["rebase"] = {"rb": rb, "keep_prefix": kp, "keep_from": kf, "replacement": list(replacement), "valid": True,
-                       "raced_truncate": False}
+        e["rebase"] = {"rb": rb, "keep_prefix": kp, "keep_from": kf, "replacement": list(replacement), "valid": True}
 
     @precondition(lambda self: any(e["rebase"] is not None for e in self.live))
     @rule(i=st.integers(0, 100))
@@ -173,11 +172,9 @@ class SequenceModel(RuleBasedStateMachine):
         expect = e["tokens"][:kp] + rb["replacement"] + e["tokens"][kf:]
         e["cells"] = e["cells"][:kp] + self.new_cells(len(expect) - kp)
         e["tokens"] = expect
-        # The prepared sequence has logits if its last decode ended on its last token; a truncate
-        # racing the preparation may have cut that row (then they are recomputed on demand).
-        e["valid"] = (len(expect) > kp) and (None if rb["raced_truncate"] else True)
-        if e["valid"] is False or len(expect) == kp:
-            e["valid"] = False
+        # The prepared sequence has next-token logits only if the commit waited for a catch-up
+        # (a shadow asks for logits only then); otherwise they are recomputed on demand.
+        e["valid"] = None if len(expect) > kp else False
         assert info["tokens_after"] == len(expect)
 
     @precondition(lambda self: self.live)
