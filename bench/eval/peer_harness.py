@@ -49,12 +49,12 @@ class PeerHarness:
             llm.eval(toks[n:])
             self.tokens["prefill"] += len(toks) - n
 
-    def _generate(self, messages, max_tokens: int) -> str:
+    def _generate(self, messages, max_tokens: int, grammar=None) -> str:
         toks = self._tokens(messages, gen=True)
         self._prefill(toks, keep_last_for_logits=True)
         out: List[int] = []
         for tok in self.llm.generate([], reset=False, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                     repeat_penalty=1.0):
+                                     repeat_penalty=1.0, grammar=grammar):
             if self._is_eog(tok):
                 break
             out.append(tok)
@@ -83,8 +83,11 @@ class PeerHarness:
         self.messages.extend(msgs)
         return compacted
 
-    def reply(self, max_tokens: int) -> str:
-        text = self._generate(self.messages, max_tokens)
+    def reply(self, max_tokens: int, grammar: str = None) -> str:
+        import llama_cpp
+
+        g = llama_cpp.LlamaGrammar.from_string(grammar, verbose=False) if grammar else None
+        text = self._generate(self.messages, max_tokens, g)
         self.messages.append({"role": "assistant", "content": text})
         return text
 

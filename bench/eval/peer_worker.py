@@ -10,7 +10,7 @@ from .environment import Environment
 from .episode import Episode
 from .peer_harness import PeerHarness
 from .recorder import Recorder
-from .scoring import carries, is_correct
+from .scoring import ANSWER_GRAMMAR, carries, is_correct
 
 
 def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
@@ -44,7 +44,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
         note(i, i, False)
     for q in ep.questions:
         note(len(ep.steps), len(ep.steps), h.add([{"role": "user", "content": q.prompt}], answer_tokens))
-        reply = h.reply(answer_tokens)
+        reply = h.reply(answer_tokens, grammar=ANSWER_GRAMMAR)
         answers.append({"prompt": q.prompt, "answer": q.answer, "reply": reply, "early": q.early,
                         "correct": is_correct(reply, q.answer)})
     tokens = dict(h.tokens, probe=0, background=0)

@@ -8,7 +8,7 @@ from .environment import Environment
 from .episode import Episode
 from .policies import Settings, make_policy
 from .recorder import Recorder
-from .scoring import is_correct
+from .scoring import ANSWER_GRAMMAR, is_correct
 
 
 def token_delta(before: dict, after: dict, decode: int) -> dict:
@@ -46,7 +46,7 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
         if pending:
             session.add(pending)
         for q in ep.questions:
-            r = session.chat(q.prompt, max_tokens=settings.answer_tokens)
+            r = session.chat(q.prompt, max_tokens=settings.answer_tokens, grammar=ANSWER_GRAMMAR)
             decode += r["usage"]["completion_tokens"]
             rec.after(session, len(ep.steps), adding=False)
             reply = r["choices"][0]["message"].get("content") or ""

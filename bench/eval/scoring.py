@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import re
 
+# Answers to the final questions are one line of plain text: small models otherwise start a tool call
+# (the tool schemas are in the system prompt) and run out of tokens inside it. The same for every policy.
+ANSWER_GRAMMAR = 'root ::= [^<{\\[\\n] [^\\n]*'
+
 
 def normalise(text: str) -> str:
     t = (text or "").lower()
