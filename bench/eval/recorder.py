@@ -41,7 +41,8 @@ class Recorder:
         self._seen_events = len(session.events)
         last_fill = self.timeline[-1]["fill"] if self.timeline else session.fill
         for e in new:
-            self.events.append({"t": e.t - self.t0, "name": e.name, "step": step})
+            self.events.append({"t": e.t - self.t0, "name": e.name, "step": step,
+                                "reason": getattr(e, "reason", None), "phase": self.phase(step)})
             if e.name == "probe":
                 self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
                                     "reason": e.reason, "label": self.phase(step)})
