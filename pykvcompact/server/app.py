@@ -15,7 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from .config import ServerConfig
-from .errors import APIError, install_handlers
+from .errors import APIError, from_exception, install_handlers
 from .registry import SessionRegistry
 from .schemas import ChatCompletionRequest
 from .streaming import sse_events
@@ -63,7 +63,10 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         sid = _session_id(request, req)
-        turn = Turn(registry, req, sid, config.model_id, config.default_max_tokens)
+        try:
+            turn = Turn(registry, req, sid, config.model_id, config.default_max_tokens)
+        except Exception as exc:  # noqa: BLE001 - never let client input reach the catch-all (it resets)
+            raise from_exception(exc) from exc
         if req.stream:
             # the conversation is taken by the stream's worker; an implicit id arrives in the last chunk
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

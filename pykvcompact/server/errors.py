@@ -51,14 +51,46 @@ def from_exception(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "bytes"}
+
+
+def _is_tag(part: str) -> bool:
+    """A pydantic union branch or validator name in a location (``str``, ``literal['a','b']``,
+    ``NamedToolChoice``, ``function-after[...]``), not a field of the request."""
+    return part in _TYPE_TAGS or any(c in part for c in "[(-") or part[:1].isupper()
+
+
+def openai_param(loc) -> str | None:
+    """``('body', 'messages', 0, 'content', 'str')`` -> ``messages[0].content`` (OpenAI's spelling)."""
+    out = ""
+    parts = list(loc)
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_tag(str(part)):
+            out += ("." if out else "") + str(part)
+    return out or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple:
     errs = exc.errors()
     if not errs:
         return "invalid request", None
     first = errs[0]
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    param = ".".join(loc) or None
-    return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
+    if first.get("type") == "json_invalid":
+        why = (first.get("ctx") or {}).get("error") or first.get("msg")
+        return f"the request body is not valid JSON ({why})", None
+    loc = tuple(first.get("loc", ()))
+    if loc[:1] == ("body",) and len(loc) == 1 and first.get("type") in ("missing", "model_attributes_type",
+                                                                        "dict_type"):
+        return "the request body must be a JSON object", None
+    param = openai_param(loc)
+    msg = str(first.get("msg"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return (f"{param}: {msg}" if param else msg), param
 
 
 def install_handlers(app: FastAPI) -> None:

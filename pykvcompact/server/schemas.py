@@ -39,11 +39,52 @@ class Message(BaseModel):
         return self
 
 
+# OpenAI's rule for function names: they are written verbatim into the forced-call grammar and the reply
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+MAX_SEED = 2 ** 63  # the engine takes an unsigned 64-bit seed; bounded here so a bad one fails before prefill
+
+
+def _check_type(where: str, t) -> None:
+    types = t if isinstance(t, list) else [t]
+    if not types or any(not isinstance(x, str) or x not in JSON_TYPES for x in types):
+        raise ValueError(f"{where}: 'type' must be one of {list(JSON_TYPES)} or a list of them, got {t!r}")
+
+
+def check_parameters(name: str, parameters: Dict[str, Any]) -> None:
+    """The parts of a function's JSON schema the server reads (``type``, ``properties``, ``required``,
+    ``enum``) must have their JSON Schema shapes; anything else in it is passed through untouched."""
+    where = f"tool {name!r}: parameters"
+    if "type" in parameters:
+        _check_type(where, parameters["type"])
+    props = parameters.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise ValueError(f"{where}.properties must be an object mapping names to schemas, "
+                             f"got {type(props).__name__}")
+        for key, sub in props.items():
+            if not isinstance(sub, dict):
+                raise ValueError(f"{where}.properties.{key} must be a schema object, got {type(sub).__name__}")
+            if "type" in sub:
+                _check_type(f"{where}.properties.{key}", sub["type"])
+            if "enum" in sub and not isinstance(sub["enum"], list):
+                raise ValueError(f"{where}.properties.{key}.enum must be a list, got {type(sub['enum']).__name__}")
+    req = parameters.get("required")
+    if req is not None and (not isinstance(req, list) or any(not isinstance(x, str) for x in req)):
+        raise ValueError(f"{where}.required must be a list of property names, got {req!r}")
+
+
 class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(pattern=NAME_PATTERN)
     description: Optional[str] = None
     parameters: Optional[Dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _schema_shape(self):
+        if self.parameters is not None:
+            check_parameters(self.name, self.parameters)
+        return self
 
 
 class Tool(BaseModel):
@@ -77,7 +118,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: Optional[int] = Field(default=None, ge=0)
+    seed: Optional[int] = Field(default=None, ge=0, lt=MAX_SEED)
     stop: Union[str, List[str], None] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None

@@ -25,10 +25,20 @@ def _lit(s: str) -> str:
     return json.dumps(s)  # a GBNF string literal: JSON escaping is what GBNF accepts
 
 
+def _types(schema: dict) -> list:
+    t = schema.get("type")
+    return [x for x in t if isinstance(x, str)] if isinstance(t, list) else [t]
+
+
 def _value_rule(schema: dict) -> str:
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return "(" + " | ".join(_lit(json.dumps(v)) for v in schema["enum"]) + ")"
-    return _TYPES.get(schema.get("type"), "scalar")
+    types = _types(schema)
+    if len(types) > 1:  # a union (``["string", "null"]``): any of its simple types, else any JSON scalar
+        if all(t in _TYPES or t == "null" for t in types):
+            return "(" + " | ".join(_TYPES.get(t, '"null"') for t in types) + ")"
+        return "scalar"
+    return _TYPES.get(types[0] if types else None, "scalar")
 
 
 def _args_rule(parameters) -> str:
@@ -37,9 +47,13 @@ def _args_rule(parameters) -> str:
     props = parameters.get("properties") or {}
     if not props:
         return _lit("{}")
-    if any(not isinstance(p, dict) or p.get("type") in ("object", "array") for p in props.values()):
+    if not isinstance(props, dict) or any(not isinstance(p, dict) or {"object", "array"} & set(_types(p))
+                                          for p in props.values()):
         return "flatobj"
-    names = [n for n in (parameters.get("required") or list(props)) if n in props] or list(props)
+    required = parameters.get("required")
+    if not isinstance(required, list):
+        required = None
+    names = [n for n in (required or list(props)) if isinstance(n, str) and n in props] or list(props)
     parts = []
     for i, n in enumerate(names):
         key = ("" if i == 0 else ", ") + json.dumps(n) + ": "

@@ -10,7 +10,7 @@ import uuid
 from typing import Iterator, List, Optional, Union
 
 from .conversation import Conversation
-from .errors import from_exception
+from .errors import APIError, bad_request, from_exception
 from .messages import is_prefix, keys_of, to_session_message
 from .registry import SessionRegistry
 from .schemas import ChatCompletionRequest
@@ -34,7 +34,12 @@ class Turn:
         if req.stop_list():
             self.sampling["stop"] = req.stop_list()
         if forced is not None:
-            self.sampling["grammar"] = forced_call_grammar(self.tools, forced)
+            try:
+                self.sampling["grammar"] = forced_call_grammar(self.tools, forced)
+            except APIError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a schema the grammar cannot take is the client's input
+                raise bad_request(f"cannot force a call with these tools: {exc}", param="tools") from exc
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.explicit_id = explicit_id

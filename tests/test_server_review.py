@@ -1,0 +1,135 @@
+"""Regressions from the adversarial review of the server, on the tiny float model: broken or unusual tool
+schemas, function names, seeds, error params, docs behind the key, startup validation, usage accounting,
+disconnects (plain and streamed)."""
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+
+import pykvcompact as pk
+from test_server_support import API_KEY, running_server
+
+H = {"Authorization": f"Bearer {API_KEY}"}
+USER = [{"role": "user", "content": "Book it."}]
+
+
+@pytest.fixture(scope="module")
+def float_engine(tmp_path_factory):
+    from tiny_model import make_tiny_gguf
+
+    path = make_tiny_gguf(tmp_path_factory.mktemp("srvmodel") / "tiny.gguf", seed=0)
+    eng = pk.Engine(path, n_ctx=8192, n_seq_max=32, n_threads=1, flash_attn=False)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def srv(float_engine, tmp_path_factory):
+    with running_server(float_engine, tmp_path_factory.mktemp("review")) as s:
+        yield s
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def asgi_errors():
+    """What uvicorn logs as unhandled (the catch-all path, which also resets the connection)."""
+    h = _Records()
+    logs = [logging.getLogger(n) for n in ("uvicorn.error", "pykvcompact.server")]
+    for lg in logs:
+        lg.addHandler(h)
+    yield h.messages
+    for lg in logs:
+        lg.removeHandler(h)
+
+
+def _tool(name="book", parameters=None):
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
+def _post(srv, body, **kw):
+    with httpx.Client(base_url=srv.base_url, headers=H, timeout=120) as c:
+        return c.post("/chat/completions", json=body, **kw)
+
+
+@pytest.mark.parametrize("parameters, field", [
+    ({"type": "object", "properties": ["city", "date"]}, "properties"),
+    ({"type": "object", "properties": {"city": {"type": "string"}}, "required": 5}, "required"),
+    ({"type": "object", "properties": {"city": "string"}}, "properties.city"),
+    ({"type": "object", "properties": {"city": {"type": "text"}}}, "properties.city"),
+])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_broken_tool_schema_is_a_400_naming_the_tool(srv, asgi_errors, parameters, field, choice):
+    r = _post(srv, {"messages": USER, "max_tokens": 4, "tools": [_tool("book_flight", parameters)],
+                    "tool_choice": choice})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"].startswith("tools[0].function"), err
+    assert "book_flight" in err["message"] and field in err["message"], err
+    assert not any("Exception in ASGI application" in m or "unexpected error" in m for m in asgi_errors)
+
+
+def test_nullable_union_type_is_accepted_with_a_forced_call(srv, asgi_errors):
+    params = {"type": "object", "properties": {"x": {"type": ["string", "null"]}, "n": {"type": ["integer", "array"]}},
+              "required": ["x", "n"]}
+    r = _post(srv, {"messages": USER, "max_tokens": 60, "temperature": 0, "tools": [_tool("f", params)],
+                    "tool_choice": "required"})
+    assert r.status_code == 200, r.text
+    assert not asgi_errors
+
+
+def test_grammar_failure_is_an_api_error_not_the_catch_all(srv, asgi_errors, monkeypatch):
+    """Anything the grammar builder raises on client input comes back as a 400 (no traceback, no reset)."""
+    import pykvcompact.server.turn as turn_mod
+
+    def broken(tools, name):
+        raise TypeError("unhashable type: 'list'")
+    monkeypatch.setattr(turn_mod, "forced_call_grammar", broken)
+    with httpx.Client(base_url=srv.base_url, headers=H, timeout=120) as c:
+        r = c.post("/chat/completions", json={"messages": USER, "max_tokens": 4, "tools": [_tool()],
+                                               "tool_choice": "required"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        assert c.get("/models").status_code == 200  # the keep-alive connection survived
+    assert not any("Exception in ASGI application" in m for m in asgi_errors)
+
+
+@pytest.mark.parametrize("name", ['a"b\\c', "has space", "x" * 65, "", "naïve"])
+def test_function_names_follow_openai_pattern(srv, name):
+    r = _post(srv, {"messages": USER, "max_tokens": 4, "tools": [_tool(name)], "tool_choice": "required"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[0].function.name"
+
+
+@pytest.mark.parametrize("seed", [2 ** 63, 2 ** 64, 2 ** 70, -1])
+def test_out_of_range_seed_is_a_400(srv, seed):
+    r = _post(srv, {"messages": USER, "max_tokens": 4, "seed": seed})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "seed"
+
+
+def test_largest_seed_is_accepted(srv):
+    r = _post(srv, {"messages": USER, "max_tokens": 2, "seed": 2 ** 63 - 1, "temperature": 0.7})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body, param, status", [
+    (b"{not json", None, 400),
+    (b'{"messages": [{"role": "user", "content": 5}]}', "messages[0].content", 400),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "bogus"}', "tool_choice", 400),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"name": "a", "parameters": 3}}]}',
+     "tools[0].function.parameters", 400),
+])
+def test_error_params_are_openai_style(srv, body, param, status):
+    with httpx.Client(base_url=srv.base_url, headers=H | {"Content-Type": "application/json"}) as c:
+        r = c.post("/chat/completions", content=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param, r.text
