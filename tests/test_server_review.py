@@ -79,12 +79,19 @@ def test_broken_tool_schema_is_a_400_naming_the_tool(srv, asgi_errors, parameter
 
 
 def test_nullable_union_type_is_accepted_with_a_forced_call(srv, asgi_errors):
-    params = {"type": "object", "properties": {"x": {"type": ["string", "null"]}, "n": {"type": ["integer", "array"]}},
+    params = {"type": "object", "properties": {"x": {"type": ["string", "null"]}, "n": {"type": ["integer", "null"]}},
               "required": ["x", "n"]}
     r = _post(srv, {"messages": USER, "max_tokens": 60, "temperature": 0, "tools": [_tool("f", params)],
                     "tool_choice": "required"})
     assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls", r.text
     assert not asgi_errors
+
+
+def test_union_with_a_nested_type_falls_back_to_any_flat_object():
+    from pykvcompact.server.tool_grammar import forced_call_grammar
+    g = forced_call_grammar([_tool("f", {"type": "object", "properties": {"n": {"type": ["integer", "array"]}}})], "f")
+    assert "call0 ::=" in g and "flatobj0 " in g.split("call0 ::=")[1].splitlines()[0]
 
 
 def test_grammar_failure_is_an_api_error_not_the_catch_all(srv, asgi_errors, monkeypatch):
@@ -133,3 +140,54 @@ def test_error_params_are_openai_style(srv, body, param, status):
         r = c.post("/chat/completions", content=body)
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+SEVEN = {"type": "object", "properties": {k: {"type": "string"} for k in
+                                           ("origin", "destination", "date", "passenger", "cabin", "airline", "note")},
+         "required": ["origin", "destination", "date", "passenger", "cabin", "airline", "note"]}
+
+
+def test_forced_call_longer_than_a_chunk_is_refused_clearly(srv):
+    """The grammar restarts at each generation chunk: a forced call that may not fit one chunk (64 tokens)
+    would repeat its opening and never parse; it is refused up front instead."""
+    r = _post(srv, {"messages": USER, "max_tokens": 400, "temperature": 0, "tools": [_tool("book_flight", SEVEN)],
+                    "tool_choice": "required"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "forced_call_too_long" and err["param"] == "tool_choice"
+    assert "book_flight" in err["message"] and "64" in err["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_call_that_fits_one_chunk_is_a_whole_call(float_engine, tmp_path, stream):
+    """With a chunk big enough, the 7-argument call comes back parsed with every argument (plain and
+    streamed), each string within its bound."""
+    from test_server_support import client
+    with running_server(float_engine, tmp_path, chunk_tokens=400) as s:
+        kw = dict(model="m", messages=USER, max_tokens=400, temperature=0, tools=[_tool("book_flight", SEVEN)],
+                  tool_choice="required")
+        if stream:
+            chunks = list(client(s).chat.completions.create(stream=True, **kw))
+            calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        else:
+            r = client(s).chat.completions.create(**kw)
+            calls, finish = r.choices[0].message.tool_calls or [], [r.choices[0].finish_reason]
+        assert finish == ["tool_calls"] and len(calls) == 1, (finish, calls)
+        import json
+        args = json.loads(calls[0].function.arguments)
+        assert calls[0].function.name == "book_flight" and list(args) == SEVEN["required"]
+
+
+def test_forced_call_grammar_bounds_strings_to_the_budget():
+    from pykvcompact.server.tool_grammar import CallTooLong, forced_call_grammar
+    tools = [_tool("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})]
+    assert "{0,48}" in forced_call_grammar(tools, "*")
+    assert r'[^"\\\x00-\x1f]' in forced_call_grammar(tools, "*")  # no raw control characters (invalid JSON)
+    g = forced_call_grammar(tools, "*", 64, lambda s: len(s) // 3)  # about 3 characters a token
+    cap = int(g.split("]{0,")[1].split("}")[0])
+    assert 8 <= cap < 48
+    fixed = len('<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>')
+    assert fixed // 3 + cap + 2 <= 64
+    with pytest.raises(CallTooLong):
+        forced_call_grammar([_tool("book_flight", SEVEN)], "book_flight", 64, len)

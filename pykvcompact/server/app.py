@@ -48,6 +48,11 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
     install_handlers(app)
     app.state.engine, app.state.registry, app.state.config = engine, registry, config
     started = int(time.time())
+    from .runner import policy_for
+    chunk_tokens = policy_for(config).chunk_tokens
+
+    def count_tokens(text: str) -> int:
+        return len(engine.tokenize(text, add_special=False, parse_special=True))
 
     @app.get("/health")
     async def health():
@@ -64,7 +69,7 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         sid = _session_id(request, req)
         try:
-            turn = Turn(registry, req, sid, config.model_id, config.default_max_tokens)
+            turn = Turn(registry, req, sid, config.model_id, config.default_max_tokens, chunk_tokens, count_tokens)
         except Exception as exc:  # noqa: BLE001 - never let client input reach the catch-all (it resets)
             raise from_exception(exc) from exc
         if req.stream:

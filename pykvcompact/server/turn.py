@@ -14,12 +14,15 @@ from .errors import APIError, bad_request, from_exception
 from .messages import is_prefix, keys_of, to_session_message
 from .registry import SessionRegistry
 from .schemas import ChatCompletionRequest
-from .tool_grammar import forced_call_grammar
+from .tool_grammar import CallTooLong, forced_call_grammar
 
 
 class Turn:
     def __init__(self, registry: SessionRegistry, req: ChatCompletionRequest, explicit_id: Optional[str],
-                 model_id: str, default_max_tokens: int):
+                 model_id: str, default_max_tokens: int, chunk_tokens: Optional[int] = None,
+                 count_tokens=None):
+        """``chunk_tokens`` and ``count_tokens`` (text -> tokens) bound a forced call to one generation chunk
+        (a grammar restarts at each chunk of the session)."""
         self.registry = registry
         self.req = req
         self.model_id = model_id
@@ -35,9 +38,11 @@ class Turn:
             self.sampling["stop"] = req.stop_list()
         if forced is not None:
             try:
-                self.sampling["grammar"] = forced_call_grammar(self.tools, forced)
+                self.sampling["grammar"] = forced_call_grammar(self.tools, forced, chunk_tokens, count_tokens)
             except APIError:
                 raise
+            except CallTooLong as exc:
+                raise bad_request(str(exc), param="tool_choice", code="forced_call_too_long") from exc
             except Exception as exc:  # noqa: BLE001 - a schema the grammar cannot take is the client's input
                 raise bad_request(f"cannot force a call with these tools: {exc}", param="tools") from exc
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
