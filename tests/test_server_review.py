@@ -191,3 +191,20 @@ def test_forced_call_grammar_bounds_strings_to_the_budget():
     assert fixed // 3 + cap + 2 <= 64
     with pytest.raises(CallTooLong):
         forced_call_grammar([_tool("book_flight", SEVEN)], "book_flight", 64, len)
+
+
+def test_a_window_the_policy_cannot_use_stops_the_server_at_startup(float_engine, tmp_path):
+    """``serve --mode fixed --window 1024`` used to start and then refuse every chat with a 400."""
+    from pykvcompact.server import ServerConfig, ServerThread
+    cfg = ServerConfig(model="tiny", port=0, n_ctx=float_engine.n_ctx, history_dir=str(tmp_path), mode="fixed",
+                       window=1024)
+    with pytest.raises(ValueError, match=r"--mode fixed --window 1024: .*too small"):
+        ServerThread(cfg, float_engine)
+    assert float_engine.used_cells() == 0  # the throwaway session is gone
+    assert not any(tmp_path.iterdir())     # and left nothing in the history dir
+
+
+def test_startup_check_leaves_nothing_behind(float_engine, tmp_path):
+    with running_server(float_engine, tmp_path) as s:
+        assert s.engine.used_cells() == 0
+        assert httpx.get(s.base_url + "/sessions", headers=H).json()["data"] == []

@@ -37,6 +37,19 @@ def session_capacity(config: ServerConfig, n_ctx: int, n_seq_max: int) -> int:
     return min(cap, config.max_sessions) if config.max_sessions else cap
 
 
+def check_sessions(config: ServerConfig, make_session) -> None:
+    """Open (and close) one throwaway session, so that a window the policy cannot work in stops the server
+    at startup with one line instead of refusing every chat later."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pykvcompact-startup-") as tmp:
+        try:
+            make_session("startup-check", None, tmp).close()
+        except ValueError as exc:
+            raise ValueError(f"--mode {config.mode} --window {config.window}: no session can be opened: {exc}") \
+                from None
+
+
 def build(config: ServerConfig, engine=None):
     """``(app, engine, registry)``; an ``engine`` passed in is used (and not closed by the server)."""
     from ..engine import Engine
@@ -44,14 +57,22 @@ def build(config: ServerConfig, engine=None):
     from .app import create_app
 
     policy_for(config)  # a bad mode/rubric fails before the model loads
+    own = engine is None
     if engine is None:
         n_seq_max = min(256, SEQUENCES_PER_SESSION * max(1, config.max_sessions or 16))
         engine = Engine(config.model, n_ctx=config.n_ctx, n_seq_max=n_seq_max, n_threads=config.n_threads)
-    capacity = session_capacity(config, engine.n_ctx, engine.n_seq_max)
 
-    def make_session(conversation_id: str, system: Optional[str]):
+    def make_session(conversation_id: str, system: Optional[str], history_dir: str = config.history_dir):
         return Session(engine, system=system, policy=policy_for(config), session_id=conversation_id,
-                       history_dir=config.history_dir)
+                       history_dir=history_dir)
+
+    try:
+        capacity = session_capacity(config, engine.n_ctx, engine.n_seq_max)
+        check_sessions(config, make_session)
+    except BaseException:
+        if own:
+            engine.close()
+        raise
 
     registry = SessionRegistry(make_session, capacity, offload_dir=os.path.join(config.history_dir, "offloaded"))
     return create_app(engine, registry, config), engine, registry
