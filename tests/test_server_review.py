@@ -208,3 +208,11 @@ def test_startup_check_leaves_nothing_behind(float_engine, tmp_path):
     with running_server(float_engine, tmp_path) as s:
         assert s.engine.used_cells() == 0
         assert httpx.get(s.base_url + "/sessions", headers=H).json()["data"] == []
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
+def test_docs_need_the_api_key_too(srv, path):
+    url = srv.base_url.replace("/v1", path)
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url, headers=H).status_code == 200

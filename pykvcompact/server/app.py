@@ -44,8 +44,26 @@ def _session_id(request: Request, req: ChatCompletionRequest) -> Optional[str]:
 
 
 def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastAPI:
-    app = FastAPI(title="pykvcompact", version="0.1.0", dependencies=[Depends(_auth(config.api_key))])
+    # FastAPI's own docs routes skip the app's dependencies: with a key they are served by routes below
+    keyed = config.api_key is not None
+    app = FastAPI(title="pykvcompact", version="0.1.0", dependencies=[Depends(_auth(config.api_key))],
+                  **({"docs_url": None, "redoc_url": None, "openapi_url": None} if keyed else {}))
     install_handlers(app)
+    if keyed:
+        from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_json():
+            return JSONResponse(app.openapi())
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="pykvcompact")
+
+        @app.get("/redoc", include_in_schema=False)
+        async def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title="pykvcompact")
+
     app.state.engine, app.state.registry, app.state.config = engine, registry, config
     started = int(time.time())
     from .runner import policy_for
