@@ -198,15 +198,17 @@ def test_a_window_the_policy_cannot_use_stops_the_server_at_startup(float_engine
     from pykvcompact.server import ServerConfig, ServerThread
     cfg = ServerConfig(model="tiny", port=0, n_ctx=float_engine.n_ctx, history_dir=str(tmp_path), mode="fixed",
                        window=1024)
+    before = float_engine.used_cells()
     with pytest.raises(ValueError, match=r"--mode fixed --window 1024: .*too small"):
         ServerThread(cfg, float_engine)
-    assert float_engine.used_cells() == 0  # the throwaway session is gone
+    assert float_engine.used_cells() == before  # the throwaway session is gone
     assert not any(tmp_path.iterdir())     # and left nothing in the history dir
 
 
 def test_startup_check_leaves_nothing_behind(float_engine, tmp_path):
+    before = float_engine.used_cells()
     with running_server(float_engine, tmp_path) as s:
-        assert s.engine.used_cells() == 0
+        assert s.engine.used_cells() == before
         assert httpx.get(s.base_url + "/sessions", headers=H).json()["data"] == []
 
 
@@ -216,3 +218,102 @@ def test_docs_need_the_api_key_too(srv, path):
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(url, headers=H).status_code == 200
+
+
+@pytest.fixture
+def slow_generation(monkeypatch):
+    """Every generated token takes 5 ms (plain and streamed), and the tokens generated are counted."""
+    import time
+    from pykvcompact.engine import Sequence
+
+    counted = {"tokens": 0}
+    gen, stream = Sequence.generate, Sequence.stream
+
+    def slow_generate(self, max_tokens, **kw):
+        out = gen(self, max_tokens, **kw)
+        if not kw.get("stream"):
+            time.sleep(0.005 * len(out))
+            counted["tokens"] += len(out)
+        return out
+
+    def slow_stream(self, max_tokens, **kw):
+        it = stream(self, max_tokens, **kw)
+
+        def gen_():
+            try:
+                for t in it:
+                    time.sleep(0.005)
+                    counted["tokens"] += 1
+                    yield t
+            finally:
+                it.close()
+        return gen_()
+
+    monkeypatch.setattr(Sequence, "generate", slow_generate)
+    monkeypatch.setattr(Sequence, "stream", slow_stream)
+    return counted
+
+
+def _wait_released(s, sid, timeout):
+    """Seconds until conversation ``sid`` has no live session (None if it still has one after ``timeout``)."""
+    import time
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        conv = s.registry.get(sid)
+        if (conv is None or not conv.live) and (conv is None or not conv.lock.locked()):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+LONG = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 600, "temperature": 0}
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_plain_request_stops_generating_when_the_client_goes_away(float_engine, tmp_path, slow_generation, explicit):
+    """A plain request whose client disconnects stops at the next poll (it ran all 600 tokens, 3 s here),
+    and its conversation's session is released at once."""
+    before = float_engine.used_cells()
+    with running_server(float_engine, tmp_path) as s:
+        headers = H | ({"X-Session-Id": "cut-plain"} if explicit else {})
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.base_url + "/chat/completions", json=LONG, headers=headers, timeout=0.6)
+        sid = "cut-plain" if explicit else None
+        if sid is None:
+            import time
+            time.sleep(0.1)
+            live = [c for c in s.registry.list() if c.live or c.lock.locked()]
+            sid = live[0].id if live else "none"
+        waited = _wait_released(s, sid, timeout=10)
+        assert waited is not None and waited < 1.5, waited
+        assert slow_generation["tokens"] < 400, slow_generation
+        assert s.engine.used_cells() == before
+        if explicit:
+            info = httpx.get(s.base_url + "/sessions/cut-plain", headers=H).json()
+            assert info["live"] is False and info["messages"] == 0
+            assert any(e.get("reason") == "abandoned" for e in info["events"])
+        else:
+            assert s.registry.list() == []  # nothing can ever match it again: forgotten altogether
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_cut_stream_releases_its_session_at_once(float_engine, tmp_path, slow_generation, explicit):
+    before = float_engine.used_cells()
+    with running_server(float_engine, tmp_path) as s:
+        headers = H | ({"X-Session-Id": "cut-stream"} if explicit else {})
+        with httpx.Client(base_url=s.base_url, headers=headers, timeout=60) as c:
+            with c.stream("POST", "/chat/completions", json=LONG | {"stream": True}) as r:
+                for i, _ in enumerate(r.iter_lines()):
+                    if i > 10:
+                        break  # the client cuts the stream
+        import time
+        time.sleep(0.1)
+        sid = "cut-stream" if explicit else next((c.id for c in s.registry.list()), "none")
+        waited = _wait_released(s, sid, timeout=10)
+        assert waited is not None and waited < 1.5, waited
+        assert s.engine.used_cells() == before, "the cut conversation's session still holds cells"
+        if explicit:
+            info = httpx.get(s.base_url + "/sessions/cut-stream", headers=H).json()
+            assert info["live"] is False and info["messages"] == 0
+        else:
+            assert s.registry.list() == []

@@ -5,7 +5,9 @@ Routes: ``POST /v1/chat/completions`` (plain and SSE streaming), ``GET /v1/model
 ``Authorization: Bearer <key>``."""
 from __future__ import annotations
 
+import asyncio
 import secrets
+import threading
 import time
 from typing import Optional
 
@@ -41,6 +43,22 @@ def _session_id(request: Request, req: ChatCompletionRequest) -> Optional[str]:
             raise APIError(400, "a session id must be 1-128 characters of letters, digits and -_.:@",
                            param="X-Session-Id")
     return sid
+
+
+DISCONNECT_POLL_S = 0.25
+
+
+async def _run_watching(turn: Turn, request: Request):
+    """``turn.run`` on a worker thread while the client is watched: when it disconnects the generation is
+    told to stop (as a cut stream is), and the worker is awaited so the conversation is released."""
+    stop = threading.Event()
+    work = asyncio.ensure_future(run_in_threadpool(turn.run, stop.is_set))
+    while True:
+        done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return work.result()
+        if not stop.is_set() and await request.is_disconnected():
+            stop.set()
 
 
 def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastAPI:
@@ -95,7 +113,10 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             headers = {"X-Session-Id": sid} if sid else None
             return EventSourceResponse(sse_events(turn, include_usage), headers=headers, ping=15)
-        body = await run_in_threadpool(turn.run)
+        body = await _run_watching(turn, request)
+        if body is None:  # the client went away: the generation was stopped; nobody reads this
+            return JSONResponse(APIError(499, "client closed the request", code="client_closed").body(),
+                                status_code=499)
         return JSONResponse(body, headers={"X-Session-Id": turn.conversation_id})
 
     @app.get("/v1/sessions")

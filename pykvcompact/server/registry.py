@@ -79,6 +79,12 @@ class SessionRegistry:
             conv.retire("deleted")
         return True
 
+    def discard(self, conv: Conversation) -> None:
+        """Forget ``conv`` (its session already retired); the caller may still hold its lock."""
+        with self._lock:
+            if self._convs.get(conv.id) is conv:
+                del self._convs[conv.id]
+
     def close_all(self) -> None:
         for conv in self.list():
             if conv.lock.acquire(timeout=30):

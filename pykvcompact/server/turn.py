@@ -100,21 +100,60 @@ class Turn:
         }
 
     # ------------------------------------------------------------------ plain
-    def run(self) -> dict:
-        """The whole reply; releases the conversation."""
+    def run(self, cancelled=None) -> Optional[dict]:
+        """The whole reply; releases the conversation. ``cancelled()`` (the client went away) is checked
+        between the session's items: the generation stops there and ``None`` is returned."""
         self.checkout()
+        finished = False
         try:
             new = self._new_messages()
             self._t0 = time.perf_counter()
-            before = len(self.conv.session.events)
-            response = self.conv.session.chat(new, **self._kwargs())
-            self.events = self.conv.session.events[before:]
-            return self._finish(response)
+            it = self._plain_items(new)
+            try:
+                for item in it:
+                    if not isinstance(item, str):
+                        self.events.append(item)
+                    if cancelled is not None and cancelled():
+                        return None
+            finally:
+                it.close()
+            finished = True
+            return self._finish(self.conv.session.last_response)
         except Exception as exc:
-            self.conv.forget()
             raise from_exception(exc) from exc
         finally:
+            if not finished:
+                self._abandon()
             self.release()
+
+    def _plain_items(self, new: List[dict]):
+        """The session's items for a plain reply, generated as ``Session.chat`` does (whole chunks, not token
+        by token: the same tokens as before under concurrency) but as a generator, so that the reply can be
+        stopped between chunks. ``Session`` has no public form of this (``chat`` runs to the end), hence its
+        ``_run``; without it, ``chat`` (not stoppable)."""
+        s = self.conv.session
+        kw = self._kwargs()
+        run = getattr(s, "_run", None)
+        if run is None:
+            def whole():
+                s.chat(new, **kw)
+                yield from ()
+            return whole()
+        return run(new, kw.pop("max_tokens"), kw.pop("tools"), kw, streaming=False)
+
+    def _abandon(self) -> None:
+        """The client's view of the conversation is unknown (cut, cancelled, failed): forget it and
+        release its session now (it could only be rebuilt); an implicit-id conversation, which no request
+        can match any more, is dropped."""
+        conv = self.conv
+        if conv is None:
+            return
+        conv.forget()
+        try:
+            conv.retire("abandoned")
+        finally:
+            if not conv.explicit:
+                self.registry.discard(conv)
 
     # ------------------------------------------------------------------ streamed
     def stream(self, cancelled) -> Iterator[Union[str, object, dict]]:
@@ -140,6 +179,6 @@ class Turn:
         except Exception as exc:
             raise from_exception(exc) from exc
         finally:
-            if not finished and self.conv is not None:
-                self.conv.forget()
+            if not finished:
+                self._abandon()
             self.release()
