@@ -317,3 +317,33 @@ def test_cut_stream_releases_its_session_at_once(float_engine, tmp_path, slow_ge
             assert info["live"] is False and info["messages"] == 0
         else:
             assert s.registry.list() == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_tokens_is_the_whole_prompt_with_cached_tokens_apart(float_engine, tmp_path, stream):
+    """OpenAI's meaning: ``prompt_tokens`` is the prompt's full length; the part already in the KV cache is
+    ``prompt_tokens_details.cached_tokens`` (it used to be only what this request prefilled)."""
+    from test_server_support import client
+    with running_server(float_engine, tmp_path) as s:
+        c = client(s)
+        msgs = [{"role": "system", "content": "You are concise."}, {"role": "user", "content": "First question."}]
+        usages = []
+        for turn in range(2):
+            kw = dict(model="m", messages=msgs, max_tokens=8, temperature=0, user="usage")
+            if stream:
+                chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+                reply = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+                usages.append(chunks[-1].usage)
+            else:
+                r = c.chat.completions.create(**kw)
+                reply, _ = r.choices[0].message.content, usages.append(r.usage)
+            after = s.registry.get("usage").session.n_tokens
+            u = usages[-1]
+            # the session now holds the prompt, the reply and the reply's end-of-turn tokens
+            assert 0 <= after - (u.prompt_tokens + u.completion_tokens) <= 4, (after, u)
+            assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+            msgs = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And then?"}]
+        u1, u2 = usages
+        assert u1.prompt_tokens_details.cached_tokens == 0
+        assert u2.prompt_tokens > u1.prompt_tokens + u1.completion_tokens
+        assert u2.prompt_tokens_details.cached_tokens >= u1.prompt_tokens + u1.completion_tokens

@@ -90,8 +90,11 @@ def test_prefix_match_continues_the_same_session(float_engine, tmp_path):
         msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Second."}]
         r2 = c.chat.completions.with_raw_response.create(model="local", messages=msgs, max_tokens=8, temperature=0)
         assert r2.headers["x-session-id"] == sid
-        # only the new user message was prefilled, not the whole conversation again
-        assert r2.parse().usage.prompt_tokens < r1.parse().usage.prompt_tokens + 20
+        # only the new user message was prefilled, not the whole conversation again: the rest is cached
+        u1, u2 = r1.parse().usage, r2.parse().usage
+        assert u1.prompt_tokens_details.cached_tokens == 0
+        assert u2.prompt_tokens_details.cached_tokens >= u1.prompt_tokens + u1.completion_tokens
+        assert u2.prompt_tokens - u2.prompt_tokens_details.cached_tokens < 20
         # an edited history is another conversation
         edited = [{"role": "user", "content": "A different first question."}]
         r3 = c.chat.completions.with_raw_response.create(model="local", messages=edited, max_tokens=8, temperature=0)

@@ -52,6 +52,8 @@ class Turn:
         self.conv: Optional[Conversation] = None
         self.events: List = []
         self._t0 = 0.0
+        self.fresh = False      # the session was opened for this request (nothing was cached)
+        self.n_before = 0       # the session's tokens before this request's messages
 
     # ------------------------------------------------------------------ lifecycle
     def checkout(self) -> None:
@@ -72,6 +74,7 @@ class Turn:
             return self.messages[len(conv.seen):]
         system = self.messages[0]["content"] if self.messages[0]["role"] == "system" else None
         self.registry.open_session(conv, system)
+        self.fresh = True
         return self.messages[1:] if system is not None else list(self.messages)
 
     def _kwargs(self) -> dict:
@@ -85,7 +88,7 @@ class Turn:
         if choice["message"].get("tool_calls"):
             message["tool_calls"] = choice["message"]["tool_calls"]
         conv.remember(self.messages + [message], self.keys + keys_of([message]))
-        usage = dict(response["usage"])
+        usage = self._usage(response["usage"])
         conv.generated_tokens += usage["completion_tokens"]
         conv.generating_s += time.perf_counter() - self._t0
         return {
@@ -99,6 +102,15 @@ class Turn:
                             "events": [e.to_dict() for e in self.events]},
         }
 
+    def _usage(self, session_usage: dict) -> dict:
+        """OpenAI's usage: ``prompt_tokens`` is the whole prompt the reply was generated from, the tokens
+        the session held before this request (``cached_tokens``, 0 for a session opened by it) plus what
+        this request prefilled (the session's own ``prompt_tokens``)."""
+        prefilled, completion = session_usage["prompt_tokens"], session_usage["completion_tokens"]
+        prompt = self.n_before + prefilled
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": 0 if self.fresh else self.n_before}}
+
     # ------------------------------------------------------------------ plain
     def run(self, cancelled=None) -> Optional[dict]:
         """The whole reply; releases the conversation. ``cancelled()`` (the client went away) is checked
@@ -107,6 +119,7 @@ class Turn:
         finished = False
         try:
             new = self._new_messages()
+            self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self._plain_items(new)
             try:
@@ -163,6 +176,7 @@ class Turn:
         self.checkout()
         try:
             new = self._new_messages()
+            self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self.conv.session.stream(new, **self._kwargs())
             try:
