@@ -269,12 +269,19 @@ def _wait_released(s, sid, timeout):
 LONG = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 600, "temperature": 0}
 
 
-@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("explicit", [
+    True, False,
+    pytest.param("no-events", marks=pytest.mark.xfail(strict=True, reason=(
+        "Session.chat cannot be stopped and its generator yields only at session events: with no event "
+        "(no probe) the reply runs to its end; needs a stoppable non-streaming Session call"))),
+])
 def test_plain_request_stops_generating_when_the_client_goes_away(float_engine, tmp_path, slow_generation, explicit):
-    """A plain request whose client disconnects stops at the next poll (it ran all 600 tokens, 3 s here),
-    and its conversation's session is released at once."""
+    """A plain request whose client disconnects stops at the session's next event (it ran all 600 tokens,
+    3 s here), and its conversation's session is released at once."""
     before = float_engine.used_cells()
-    with running_server(float_engine, tmp_path) as s:
+    extra = {"policy_overrides": {"probe_every": 10_000}} if explicit == "no-events" else {}
+    explicit = explicit is True
+    with running_server(float_engine, tmp_path, **extra) as s:
         headers = H | ({"X-Session-Id": "cut-plain"} if explicit else {})
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(s.base_url + "/chat/completions", json=LONG, headers=headers, timeout=0.6)

@@ -141,9 +141,10 @@ class Turn:
 
     def _plain_items(self, new: List[dict]):
         """The session's items for a plain reply, generated as ``Session.chat`` does (whole chunks, not token
-        by token: the same tokens as before under concurrency) but as a generator, so that the reply can be
-        stopped between chunks. ``Session`` has no public form of this (``chat`` runs to the end), hence its
-        ``_run``; without it, ``chat`` (not stoppable)."""
+        by token: streamed generation under concurrency does not reproduce the solo tokens on the float
+        model) but as a generator, so that the reply can be stopped at the session's next event (its
+        generator yields nothing between plain chunks). ``Session`` has no public form of this (``chat``
+        runs to the end), hence its ``_run``; without it, ``chat`` (not stoppable)."""
         s = self.conv.session
         kw = self._kwargs()
         run = getattr(s, "_run", None)
