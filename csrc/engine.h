@@ -101,7 +101,7 @@ public:
     std::map<std::string, double> stats();
     std::map<std::string, long> tokens_per_sequence();
     size_t used_cells();
-    void inject_decode_failures(int count, int rc);  // tests: the next `count` decodes return rc
+    void inject_decode_failures(int count, int rc, int min_rows);  // tests: see KvBook::inject_failures
 
 private:
     template <class F> auto run_on_engine_thread(F && f) -> decltype(f());

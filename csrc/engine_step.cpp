@@ -101,24 +101,27 @@ bool Engine::end_cancelled_queued_tasks() {
 
 std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool & progress) {
     kv_->begin_batch();
-    std::vector<Task *> single_urgent, multi_urgent, single_bg, multi_bg;
-    for (auto & up : tasks_) {
-        Task * t = up.get();
-        if (t->finished || !t->runnable(*kv_) || !t->has_work(*kv_)) continue;
-        const bool urgent = t->urgent();
-        (urgent ? (t->single_row() ? single_urgent : multi_urgent) : (t->single_row() ? single_bg : multi_bg)).push_back(t);
-    }
-    // Prefill chunks take turns at the front, so no long prefill starves another one.
+    // Urgent work is grouped first; background work after it has added its rows, so that a rebase
+    // shadow sees the tokens its main sequence takes in this very step and catches up with them.
+    auto group = [&](bool urgent_pass, std::vector<Task *> & single, std::vector<Task *> & multi) {
+        for (auto & up : tasks_) {
+            Task * t = up.get();
+            if (t->finished || t->step_rows > 0 || t->urgent() != urgent_pass) continue;
+            if (!t->runnable(*kv_) || !t->has_work(*kv_)) continue;
+            (t->single_row() ? single : multi).push_back(t);
+        }
+        // Prefill chunks take turns at the front, so no long prefill starves another one.
+        if (multi.size() > 1) std::rotate(multi.begin(), multi.begin() + (long) (round_robin_ % multi.size()), multi.end());
+    };
     round_robin_ += 1;
-    for (auto * v : {&multi_urgent, &multi_bg}) {
-        if (v->size() > 1) std::rotate(v->begin(), v->begin() + (long) (round_robin_ % v->size()), v->end());
-    }
+    for (auto & up : tasks_) up->step_rows = 0;
+    std::vector<Task *> single_urgent, multi_urgent, single_bg, multi_bg;
+    group(true, single_urgent, multi_urgent);
     std::vector<Task *> active;
-    auto offer = [&](const std::vector<Task *> & group, int & cap) {
-        for (Task * t : group) {
+    auto offer = [&](const std::vector<Task *> & candidates, int & cap) {
+        for (Task * t : candidates) {
             if (cap <= 0 || budget <= 0) break;
             t->save_cursor();
-            t->step_rows = 0;
             int n = 0;
             try {
                 n = t->add_rows(*kv_, std::min(cap, budget));
@@ -133,6 +136,7 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
     offer(single_urgent, urgent_cap);
     offer(multi_urgent, urgent_cap);
     if (allow_background) {
+        group(false, single_bg, multi_bg);
         // Next to urgent rows, or while commands wait to run, background work takes a small chunk.
         const bool busy = kv_->rows() > 0 || inbox_->has_pending();
         int bg_cap = (int) (busy ? opts_.background_chunk_busy : opts_.background_chunk);

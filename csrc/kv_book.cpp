@@ -216,7 +216,7 @@ int KvBook::decode() {
             s.logits_row = -1;
         }
     }
-    if (inject_count_ > 0) {  // fault injection for tests: fail without touching the cache
+    if (inject_count_ > 0 && batch_.n_tokens >= inject_min_rows_) {  // fault injection for tests
         inject_count_ -= 1;
         return inject_rc_;
     }

@@ -84,7 +84,8 @@ public:
     int count_kind(RowKind k) const;
     int decode();      // llama_decode of the batch (0 on success)
     void rollback();   // undo every row of the batch: tokens, cells, KV
-    void inject_failures(int count, int rc) { inject_count_ = count; inject_rc_ = rc; }
+    // Tests: the next `count` decodes of at least `min_rows` rows return rc without decoding.
+    void inject_failures(int count, int rc, int min_rows) { inject_count_ = count; inject_rc_ = rc; inject_min_rows_ = min_rows; }
 
     // ---- logits
     const float * row_logits(int row) const;        // a row of the latest decode
@@ -117,7 +118,7 @@ private:
     };
     std::map<uint64_t, RollbackPoint> rollback_;
     bool can_redecode_;
-    int inject_count_ = 0, inject_rc_ = 0;
+    int inject_count_ = 0, inject_rc_ = 0, inject_min_rows_ = 1;
     EngineCounters counters_;
 };
 

@@ -76,7 +76,7 @@ def _stream_with_a_failure(eng, rc):
     for i, t in enumerate(a.stream(12)):
         got.append(t)
         if i == 2:
-            eng._n.inject_decode_failures(1, rc)
+            eng._n.inject_decode_failures(1, rc, 2)  # a step both generations share
     jb.cancel()
     jb.result(timeout=10)
     return a, b, got
