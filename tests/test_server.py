@@ -62,7 +62,9 @@ def test_streaming_then_the_conversation_continues(oai):
     msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "And backwards?"}]
     r = oai.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=8, temperature=0)
     assert r.headers["x-session-id"] == sid
-    assert r.parse().usage.prompt_tokens < 40  # only the new turn was prefilled
+    usage = r.parse().usage  # the whole prompt, with what the session already held as cached tokens
+    assert usage.prompt_tokens_details.cached_tokens > 0
+    assert usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens < 40  # only the new turn was prefilled
 
 
 def test_stop_sequence_is_not_streamed(oai):
