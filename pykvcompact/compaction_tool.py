@@ -11,15 +11,11 @@ from __future__ import annotations
 NAME = "compact_conversation"
 NOTHING_TO_COMPACT = "Nothing to compact yet"
 
+# Short on purpose: the tool definition sits in the system prompt of every window (a long description
+# took 193 tokens, 19% of a 1024 window, and crowded out the work it was meant to make room for).
 DESCRIPTION = (
-    "Compact the conversation: replace the older messages with a summary to free context space. Nothing is "
-    "lost: the full messages are saved to a file and the summary says where. The most recent messages, "
-    "this call included, are kept as they are. Good moments to call it: the user starts a new, unrelated "
-    "task; a sub-goal is finished and its result is stated; a search or tool result you needed has been "
-    "obtained and its facts written down; the earlier context will no longer be useful. Bad moments: in "
-    "the middle of a multi-step edit, refactor, derivation or search, when you still need the exact recent "
-    "details. Below half of the automatic compaction limit it does nothing and answers 'Nothing to compact "
-    "yet'."
+    "Summarize the older messages to free context (they are saved to a file). Call it when a sub-goal is "
+    "done or a new task starts; not in the middle of a multi-step edit or search."
 )
 
 TOOL = {
@@ -37,9 +33,14 @@ def compacted_result(path: str, tokens_before: int, tokens_after: int) -> str:
             f"summarized above and saved verbatim in {path}.")
 
 
+def scheduled_result(path: str) -> str:
+    return (f"Compaction started: the earlier messages will be replaced by a summary in a moment; they are "
+            f"saved verbatim in {path}. Continue with the task.")
+
+
 def is_compact_call(call: dict) -> bool:
     f = call.get("function", call) if isinstance(call, dict) else {}
     return isinstance(f, dict) and f.get("name") == NAME
 
 
-__all__ = ["NAME", "NOTHING_TO_COMPACT", "DESCRIPTION", "TOOL", "compacted_result", "is_compact_call"]
+__all__ = ["NAME", "NOTHING_TO_COMPACT", "DESCRIPTION", "TOOL", "compacted_result", "scheduled_result", "is_compact_call"]

@@ -51,6 +51,20 @@ class HistoryFile:
         self.path = self.dir / f"{session_id}.md"
         self.blocks = 0
 
+    def check_writable(self) -> None:
+        """Fail now, not at the first compaction, when the history cannot be written (the swap refuses
+        to forget messages it could not store)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.close(fd)
+            if self.path.stat().st_size == 0:
+                self.path.unlink()  # created only to test: the first offload writes the header
+        except OSError as e:
+            raise ValueError(f"history_dir {str(self.dir)!r} is not writable ({e.strerror or e}): the session "
+                             "stores every compacted message there before forgetting it; pass a writable "
+                             "history_dir") from None
+
     def append(self, messages: Sequence[dict], *, indices: Optional[Sequence[int]] = None,
                reason: str = "compaction", summaries: Sequence[int] = ()) -> int:
         """Append ``messages`` (durably). ``indices`` are their transcript indices; ``summaries`` the

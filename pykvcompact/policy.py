@@ -170,9 +170,15 @@ class Limits:
         summary = p.summary_tokens(window)
         keep_recent = math.ceil(p.keep_recent * window)
         if p.summarizes and summary + SUMMARY_MESSAGE_OVERHEAD + keep_recent >= hard:
+            what = f"hard limit ({hard} tokens)"
+            if p.summary_max_tokens is None:
+                raise ValueError(
+                    f"window={window} is too small for mode {p.mode!r}: the default summary ({summary} tokens), "
+                    f"its {SUMMARY_MESSAGE_OVERHEAD}-token message and keep_recent ({keep_recent}) must stay below "
+                    f"the {what}; use a larger window")
             raise ValueError(
                 f"Policy.summary_max_tokens={summary} does not fit a window of {window}: the summary, its "
-                f"{SUMMARY_MESSAGE_OVERHEAD}-token message and keep_recent must stay below hard ({hard} tokens); "
+                f"{SUMMARY_MESSAGE_OVERHEAD}-token message and keep_recent must stay below the {what}; "
                 f"use summary_max_tokens <= {max(8, hard - SUMMARY_MESSAGE_OVERHEAD - keep_recent - 1)}, "
                 "None (1/8 of the window) or a larger window")
         # a summary must cover clearly more than the summary message costs, or compacting gains nothing
@@ -211,14 +217,20 @@ def reserve_cells(p: Policy, window: int, *, probe_tokens: int = 0, summarizer_t
     The probe fork holds ``probe_tokens`` new cells (briefly); the summary fork holds the summarizer prompt
     and the summary (its history cells are shared with the live sequence); the shadow holds the summary
     message and the raw tail up to ``hard`` (its prefix cells are shared).  The summary fork is closed
-    before the shadow is prepared, so they never coexist; a probe is skipped (and says so) when the pool
-    has no room for it at that moment.  So reserve = max(probe, summary fork, shadow).  Mode ``none``
+    before the shadow is prepared, so they never coexist — except in background mode, where the fallback
+    summary's context is prefilled while the fork writes; a probe is skipped (and says so) when the pool
+    has no room for it at that moment.  So reserve = max(probe, summary fork (+ fallback context), shadow).  Mode ``none``
     reserves the summary fork only (for ``/compact``): it never prepares a shadow.
     """
     summ = summarizer_tokens + p.summary_tokens(window) + PROBE_SLACK
     if p.mode == "none":
         return summ
     probe = (probe_tokens + PROBE_SLACK) if p.probes else 0
+    if p.mode == "background":
+        # while the model writes the summary, the fallback summary's context is prefilled beside it (so
+        # the window edge never waits for a synchronous prefill): fork + that context coexist
+        fallback = summary_message_budget(p, window) + math.ceil(p.keep_recent * window)
+        return max(probe, summ + fallback, shadow_budget(p, window))
     return max(probe, summ, shadow_budget(p, window))
 
 

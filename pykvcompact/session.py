@@ -24,6 +24,7 @@ import json
 import time
 import uuid
 import warnings
+import weakref
 from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 from . import compaction_tool, events as ev
@@ -38,7 +39,7 @@ from .sessions.ledger import Ledger
 from .sessions.messages import ContextWindowError, check_sampling, check_tools, normalize_messages, view_of
 from .sessions.port import check_engine
 from .sessions.prober import LABELS, Prober
-from .sessions.sizing import check_base, resolve_session_window
+from .sessions.sizing import check_base, release, reserve, session_cells
 from .sessions.summaries import SummaryMaker
 from .sessions.turn import Turn
 from .summarizer import Summarizer
@@ -69,6 +70,7 @@ class Session:
         self.session_id = check_session_id(session_id)
         self.history = HistoryFile(history_dir, self.session_id)
         self.history_path = str(self.history.path)
+        self.history.check_writable()
         self.tools = check_tools(tools)
         self.template = template or ChatTemplate.from_engine(engine)
         if self.template.fallback_reason:
@@ -82,15 +84,20 @@ class Session:
         self._pending: List[ev.Event] = []
         self._n_calls = 0
         self._closed = False
+        self._busy = False                   # a chat/stream/compact call is running (one at a time)
         self._ledger = Ledger(self.history)
         self._cur_tools = self._effective_tools(None)
-        self.window = resolve_session_window(engine, policy, self.template, self._cur_tools, self.rubric,
-                                             self.history_path)
+        self.window, cells = session_cells(engine, policy, self.template, self._cur_tools, self.rubric,
+                                           self.history_path)
         self.limits = policy.limits(self.window)
         check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
+        self._cells_key = object()  # the reservation is released on close() or when the session is collected
+        reserve(engine, self._cells_key, cells)
+        self._release = weakref.finalize(self, release, engine, self._cells_key)
         self._ctx = Context(engine, self.template, self._cur_tools)
         self._maker = SummaryMaker(self._ctx, self._ledger, policy, self.limits, self.summarizer, self._emit)
         self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit)
+        self._compactor.fork_cells = cells - self.window
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
         try:
@@ -147,8 +154,14 @@ class Session:
 
     def add(self, messages) -> None:
         """Append messages to the live context without generating a reply."""
-        for _ in self._add_messages(normalize_messages(messages)):
-            pass
+        msgs = normalize_messages(messages)
+        self._check_open()
+        self._enter()
+        try:
+            for _ in self._add_messages(msgs):
+                pass
+        finally:
+            self._busy = False
 
     def chat(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> dict:
         """Add ``messages`` (a str is a user message) and generate the assistant reply.
@@ -170,7 +183,11 @@ class Session:
         self._check_open()
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError("instructions must be a str")
-        out = self._compactor.compact("manual", instructions)
+        self._enter()
+        try:
+            out = self._compactor.compact("manual", instructions)
+        finally:
+            self._busy = False
         self._pending.clear()
         return out
 
@@ -187,8 +204,12 @@ class Session:
             raise ValueError(f"the session only runs {compaction_tool.NAME!r}; other tools belong to the caller")
         call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
                 "function": {"name": name, "arguments": json.dumps(arguments or {})}}
-        self._append({"role": "assistant", "content": None, "tool_calls": [call]})
-        out = self._run_tool(call)["content"]
+        self._enter()
+        try:
+            self._append({"role": "assistant", "content": None, "tool_calls": [call]})
+            out = self._run_tool(call)["content"]
+        finally:
+            self._busy = False
         self._pending.clear()
         return out
 
@@ -204,6 +225,8 @@ class Session:
             self._compactor.cancel(None)
         if hasattr(self, "_ctx"):
             self._ctx.close()
+        if hasattr(self, "_release"):
+            self._release()
 
     def __enter__(self):
         return self
@@ -256,6 +279,19 @@ class Session:
             f"{after_fn()} needed, {len(ctx)} live in {len(ctx.entries)} messages (system prompt {ctx.prefix_tok()}); "
             "shorten the message, or use a larger window")
 
+    def _room_for_batch(self, msgs: List[dict]) -> None:
+        """Make room for the call's messages together, before the first is appended: a swap needed by
+        this batch then commits a context prepared while the previous reply was generated, instead of one
+        that has to catch up with half the batch first (the stall at the window edge).  Best effort: the
+        per-message appends still make room (and refuse) one by one."""
+        if len(msgs) < 2:
+            return
+        ctx = self._ctx
+        new_views = [view_of(m) for m in msgs]
+        after = lambda: ctx.measure(ctx.render(ctx.views() + new_views))  # noqa: E731
+        if ctx.prefix_tok() + after() - len(ctx) <= self.window:
+            self._compactor.make_room(after, drop=False)
+
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):
         view = view if view is not None else view_of(msg)
@@ -292,6 +328,8 @@ class Session:
     # ================================================================== the main loop
     def _add_messages(self, msgs: List[dict]):
         self._check_open()
+        self._room_for_batch(msgs)
+        yield from self._drain()
         for i, m in enumerate(msgs):
             self._append(m)
             yield from self._drain()
@@ -309,6 +347,21 @@ class Session:
 
     def _run(self, messages, max_tokens, tools, sampling, streaming):
         self._check_open()
+        self._enter()
+        try:
+            yield from self._run_call(messages, max_tokens, tools, sampling, streaming)
+        finally:
+            self._busy = False
+
+    def _enter(self) -> None:
+        """One call at a time: a second call while a stream is open would interleave two replies."""
+        if self._busy:
+            from .errors import SequenceBusyError
+            raise SequenceBusyError("this session is still producing a reply (a stream is open): exhaust or "
+                                    "close() that stream before the next chat/stream/add/compact call")
+        self._busy = True
+
+    def _run_call(self, messages, max_tokens, tools, sampling, streaming):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         msgs = normalize_messages(messages)

@@ -149,8 +149,10 @@ def test_bug8_every_probe_is_an_event_and_events_say_what_happened(tmp_path):
     assert s.compact() is None
     assert "preparation_restarted" not in names(s) and s.events[-1].name == "compaction_skipped"
     # the tool above its minimum with no cut point: not a refusal
-    eng, s = make("hard", tmp_path=tmp_path, compact_tool=True, keep_recent=0.5, window=1600)
-    s.add([{"role": "user", "content": " ".join(f"w{k}" for k in range(400))}])
+    # (a long system prompt puts the fill above the tool's minimum; nothing lies between it and the call)
+    eng, s = make("hard", tmp_path=tmp_path, compact_tool=True, keep_recent=0.5, window=1600,
+                  system=" ".join(f"w{k}" for k in range(300)))
+    assert s.fill * s.window >= s.limits.tool_min
     s.call_tool()
     assert "tool_refused" not in names(s) and "compaction_skipped" in names(s)
 

@@ -220,7 +220,23 @@ def test_offload_file_holds_every_replaced_message_verbatim(tmp_path):
     check_invariants(s)
 
 
-@pytest.mark.parametrize("fault", FAILURES)
+@pytest.mark.parametrize("mode", ["hard", "background"])
+def test_an_over_length_summary_keeps_its_complete_lines(mode, tmp_path):
+    """The budget ran out mid-summary: its complete lines are the summary (no second attempt that costs as
+    much and is cut the same way); the cut-off last line is not in it."""
+    eng, s = make(mode, tmp_path=tmp_path)
+    s.summarizer.faults = ["over_length"]
+    for i in range(30):
+        s.chat(user_msg(i), max_tokens=24)
+    ready = [e for e in s.events if e.name == "summary_ready"]
+    assert ready and not ready[0].fallback and ready[0].attempts == 1
+    assert not any(e.name == "summary_failed" and e.reason == "over_length" for e in s.events)
+    first = next(m for m in s.transcript if m.get("summary"))["content"]
+    assert "Automatic summary" not in first
+    check_invariants(s)
+
+
+@pytest.mark.parametrize("fault", [f for f in FAILURES if f != "over_length"])
 @pytest.mark.parametrize("mode", ["hard", "background"])
 def test_summarizer_fault_retry_then_fallback(fault, mode, tmp_path):
     eng, s = make(mode, tmp_path=tmp_path)

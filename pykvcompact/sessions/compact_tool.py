@@ -20,6 +20,10 @@ class CompactTool:
         elif not tool_allowed(self.policy, self.lim, n):
             self.emit(ev.ToolRefused(n / self.lim.window, reason="below_min_fill"))
             result = compaction_tool.NOTHING_TO_COMPACT
+        elif self.compactor.defer("tool"):
+            # background mode: the summary is written on a fork and swapped in once its context is
+            # prefilled (no stall); the model learns it is under way
+            result = compaction_tool.scheduled_result(self.path)
         else:
             e = self.compactor.compact("tool")   # no cut point / no gain: a compaction_skipped event says why
             result = compaction_tool.NOTHING_TO_COMPACT if e is None else \

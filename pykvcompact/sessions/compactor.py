@@ -24,6 +24,7 @@ class Compactor:
         self.no_gain_until = -1          # live size below which a summary is known to gain nothing
         self.worst_stall_ms = 0.0
         self.margin = policy.chunk_tokens + 8
+        self.fork_cells: Optional[int] = None   # cells reserved beyond the window (set by the session)
         ctx.on_truncate = self._on_truncate
 
     # ------------------------------------------------------------------ helpers
@@ -38,6 +39,11 @@ class Compactor:
         return m
 
     def _room_for(self, n: int) -> bool:
+        """Room for ``n`` more cells: in the pool, and within the cells this session reserved for forks
+        (other sessions on the engine count on theirs)."""
+        held = self.prep.cells(len(self.ctx)) if self.prep is not None else 0
+        if self.fork_cells is not None and held + n > self.fork_cells:
+            return False
         return free_cells(self.ctx.engine) >= n + 8
 
     def _state(self, after: int, waited_ms: float = 0.0) -> sch.State:
@@ -69,8 +75,8 @@ class Compactor:
             return sch.edge_action(self.policy, self.lim, self._state(after), self.margin).kind == "none"
         return self._mark() is None or len(self.ctx) < self.no_gain_until
 
-    def make_room(self, after_fn: Callable[[], int]) -> bool:
-        """Compact (or, when nothing can be summarized, drop) so that ``after_fn()`` tokens fit."""
+    def make_room(self, after_fn: Callable[[], int], drop: bool = True) -> bool:
+        """Compact (or, when nothing can be summarized and ``drop``, drop) so that ``after_fn()`` tokens fit."""
         after = after_fn()
         bg = self.policy.mode == "background"
         if bg and self.prep is None and after <= self.lim.window - self.margin and sync_due(self.policy, self.lim, after):
@@ -80,6 +86,8 @@ class Compactor:
             if self.prep is not None or self._mark() is not None:
                 self.compact(trig, edge=bg)
                 after = after_fn()
+        if not drop:
+            return after <= self.lim.window
         if after > self.lim.window and self.policy.mode != "none" and self._mark(True, 0) is not None:
             # keep_recent cannot stay raw this time: summarize up to the newest cut rather than drop turns
             self.compact("window_full", edge=True)
@@ -112,6 +120,10 @@ class Compactor:
         return self._swap(rep, trigger, t0, prepared=False, summary=summary)
 
     def _commit(self, trigger: str, instructions: Optional[str], edge: bool) -> Optional[ev.Rebased]:
+        """Swap onto the preparation (started now if there is none).  At the window edge (``edge``) the
+        wait is bounded: at most ``max_stall_ms`` for the model summary's context to catch up, then the
+        fallback summary (its context prefilled meanwhile).  Otherwise (``/compact``) the summary is
+        waited for."""
         t0 = time.perf_counter()
         p = self.prep
         if p is not None and instructions and p.instructions != instructions:
@@ -126,22 +138,40 @@ class Compactor:
             return None
         p = self.prep
         prepared = p.state == "caught_up"
-        wait_s = self.policy.max_stall_ms / 1000.0 if edge else None
-        summary = p.finish(wait_s)
+        if edge and not prepared:
+            summary = self._wait_at_edge(p, t0)
+        else:
+            summary = p.finish(None)
+        wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
         if summary.reason == "max_stall":
             self.emit(ev.SummaryFailed("max_stall", summary.attempts, f"not ready after {self.policy.max_stall_ms} ms"))
-        if p.ready_at and p.ready_at >= t0:
+        if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
         rep, rb = p.replacement, p.rb
-        if summary.fallback and p.fallback is not None:  # its context was prefilled while the summary was late
-            rep, rb = p.take_fallback()
-            p.drop_rebase()
-        elif rb is not None and not rb.done() and edge:
-            rb.wait(max(0.0, self.policy.max_stall_ms / 1000.0 - (time.perf_counter() - t0)))
         p.drop_fallback()
         self.prep = None
-        wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
-        return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
+        try:
+            return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
+        finally:
+            p.release()
+
+    def _wait_at_edge(self, p: Preparation, t0: float):
+        """Until ``max_stall_ms`` after ``t0``: let the preparation catch up (the engine has the rows to
+        itself while the conversation waits).  Then the fallback."""
+        deadline = t0 + self.policy.max_stall_ms / 1000.0
+        while True:
+            p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase)
+            left = deadline - time.perf_counter()
+            if p.state == "caught_up" or left <= 0:
+                break
+            waitable = p.rb if p.rb is not None else p.job.attempt
+            if waitable is not None:
+                waitable.wait(min(left, 0.02))
+            else:
+                time.sleep(min(left, 0.005))
+        if p.state == "caught_up" or (p.replacement is not None and p.fallback is None):
+            return p.summary  # (the model's summary is there, its context not: as costly as a fallback's)
+        return p.use_fallback()
 
     def _swap(self, rep: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rb=None,
               wait_ms: float = 0.0) -> Optional[ev.Rebased]:
@@ -216,31 +246,39 @@ class Compactor:
         if reason is not None:
             self.emit(ev.PreparationRestarted(reason, p.mark, len(self.ctx) - p.mark_tok))
 
-    def tick(self) -> None:
+    def tick(self, turn_end: bool = False) -> None:
         """Between steps (background mode): advance the preparation, start one when the schedule says,
-        restart one the raw tail has outgrown, commit one a COMPRESS verdict asked for once caught up."""
+        restart one the raw tail has outgrown, commit one a COMPRESS verdict (or the tool) asked for once
+        caught up.  ``turn_end``: a reply just closed (the next turn's messages will be the raw tail)."""
         if self.policy.mode != "background":
             return
-        p = self.prep
-        if p is not None:
-            if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
-                self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
-                self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
-            if p.state == "summarizing" and len(self.ctx) >= self.lim.hard:  # late: prefill the fallback too
-                p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
-                                   mode=self.policy.rebase)
-            if p.rb is not None and p.rb.done() and p.rb_t0:
-                self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
-                p.rb_t0 = 0.0
+        if self.prep is not None:
+            self._advance()
             self._restart_if_needed()
-        n = len(self.ctx)
         if self.prep is None:
-            why = sch.start_reason(self.policy, self.lim, self._state(n), self.meter.rates())
-            if why:
-                self.start(why)
+            rates = self.meter.rates()
+            why = sch.start_reason(self.policy, self.lim, self._state(len(self.ctx)), rates)
+            # turns as large as keep_recent: the next turn will be the raw tail, so at a turn's end the
+            # whole history may be summarized now, while the conversation waits for its next message
+            if why and not self.start(why) and turn_end and rates.turn_tokens >= self.lim.keep_recent:
+                self.start(why, keep_recent=0)
+        if self.prep is not None and self.prep.fallback is None:
+            self._advance()  # a preparation started or restarted now: its fallback context starts at once
         p = self.prep
         if p is not None and p.commit_trigger and p.state == "caught_up":
             self._commit(p.commit_trigger, None, edge=False)
+
+    def _advance(self) -> None:
+        p = self.prep
+        if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
+            self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
+            self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
+        if p.state == "summarizing" and p.fallback is None:  # the edge may come first: prefill the fallback
+            p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
+                               mode=self.policy.rebase)
+        if p.rb is not None and p.rb.done() and p.rb_t0:
+            self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
+            p.rb_t0 = 0.0
 
     def _restart_if_needed(self) -> None:
         p = self.prep
@@ -258,6 +296,17 @@ class Compactor:
         self.cancel(why)
         if self.start("restart") and trig:
             self.prep.commit_trigger = trig
+
+    def defer(self, trigger: str) -> bool:
+        """Background mode: commit a preparation (started now if needed) once it is caught up, instead of
+        waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
+        if self.policy.mode != "background":
+            return False
+        if self.prep is None and not self.start(trigger, loose=True):
+            return False
+        self.prep.commit_trigger = trigger
+        self.tick()
+        return True
 
     def compress(self) -> None:
         """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""

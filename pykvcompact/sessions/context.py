@@ -95,6 +95,8 @@ class Context:
         end = self.end_tok()
         for i, e in enumerate(self.entries):
             m = e.msg
+            if m.get("role") == "user":
+                pending.clear()  # calls nobody answered before the user spoke again are abandoned, not open
             for c in m.get("tool_calls") or []:
                 pending.append(c.get("id"))
             if m.get("role") == "tool" and pending:

@@ -8,7 +8,7 @@ of summarizing it again (facts decay through summaries of summaries otherwise). 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 USERS_HEADING = "User messages, verbatim (oldest first):"
 CARRIED_HEADING = "Earlier summary, carried verbatim:"
@@ -31,18 +31,24 @@ class SummaryMeta:
     body: str = ""      # carried text + the new summary text (what the next summary carries forward)
 
 
-def plan_kept(cands: Sequence[Candidate], budget: int) -> Tuple[List[Candidate], List[Candidate]]:
-    """``(kept, overflow)``: pinned messages and the first user message always; other user messages
-    newest first while they fit in ``budget`` tokens. Both lists in transcript order; no duplicates."""
+def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None
+              ) -> Tuple[List[Candidate], List[Candidate]]:
+    """``(kept, overflow)``: pinned messages and the first user message first (the first user message,
+    then pinned ones oldest first, while they fit in ``must_limit`` tokens; None: no limit); then other
+    user messages newest first while all fit in ``budget`` tokens. Both lists in transcript order; no
+    duplicates. A message in neither list is not a user message (or a pinned one)."""
     seen, uniq = set(), []
     for c in cands:
         if c.tidx not in seen:
             seen.add(c.tidx)
             uniq.append(c)
-    must = [c for c in uniq if c.pinned or c.first]
-    used = sum(c.tokens for c in must)
-    kept = list(must)
-    overflow = []
+    kept, overflow, used = [], [], 0
+    for c in sorted((c for c in uniq if c.pinned or c.first), key=lambda c: (not c.first, c.tidx)):
+        if must_limit is None or used + c.tokens <= must_limit:
+            kept.append(c)
+            used += c.tokens
+        else:
+            overflow.append(c)
     for c in reversed([c for c in uniq if not (c.pinned or c.first)]):
         if c.role == "user" and used + c.tokens <= budget:
             kept.append(c)

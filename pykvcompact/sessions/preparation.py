@@ -27,6 +27,8 @@ class Preparation:
         self.ready_at: Optional[float] = None
         self.fallback: Optional[Replacement] = None  # the fallback summary's context, prefilled meanwhile
         self.fallback_rb = None
+        self.fallback_summary: Optional[Summary] = None
+        self.abandoned: list = []                    # cancelled after the swap (see use_fallback)
 
     # ------------------------------------------------------------------ state
     @property
@@ -47,26 +49,33 @@ class Preparation:
     # ------------------------------------------------------------------ verbs
     def advance(self, seq, n: int, *, room: Callable[[int], bool], mode: str = "exact") -> bool:
         """Poll the summary; once there, build the replacement and start the rebased prefill (when the
-        pool has room for it). True when the summary just became ready."""
+        pool has room for it). True when the summary just became ready.  The fallback's prepared context
+        is kept until the model summary's context is caught up (the window edge may come first)."""
         became = False
         if self.replacement is None:
             if not self.job.poll():
                 return False
             self._ready()
-            self.drop_fallback()  # the model's summary is there: its context replaces the fallback's
             became = True
-        if self.rb is None and room(len(self.replacement.tokens) + n - self.mark_tok):
-            try:
-                self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
-                self.rb_t0 = time.perf_counter()
-            except engine_errors():  # no slot or cells now: the commit prepares it synchronously
-                self.rb = None
+        if self.rb is None:
+            need = len(self.replacement.tokens) + n - self.mark_tok
+            if not room(need) and self.fallback is not None:
+                self.drop_fallback()  # both do not fit: the model's summary wins
+            if room(need):
+                try:
+                    self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
+                    self.rb_t0 = time.perf_counter()
+                except engine_errors():  # no slot or cells now: the commit prepares it synchronously
+                    self.rb = None
+        if self.state == "caught_up":
+            self.drop_fallback()
         return became
 
     def prepare_fallback(self, seq, n: int, summary: Summary, *, room: Callable[[int], bool],
                          mode: str = "exact") -> None:
-        """The summary is late (the session runs above hard): prefill the fallback summary's context too,
-        so that if the window edge comes first the swap onto it is O(1) as well."""
+        """While the model writes its summary, prefill the context of the deterministic fallback summary
+        too: if the window edge comes first, the swap onto it is O(1) (the stall stays within
+        ``max_stall_ms``) instead of a synchronous prefill."""
         if self.fallback is not None or self.replacement is not None:
             return
         rep = self._build(summary)
@@ -75,8 +84,42 @@ class Preparation:
         try:
             self.fallback_rb = seq.prepare_rebase(self.prefix_tok, rep.tokens, self.mark_tok, mode=mode)
             self.fallback = rep
+            self.fallback_summary = summary
         except engine_errors():
             self.fallback_rb = None
+
+    def cells(self, n: int) -> int:
+        """Cells this preparation holds beyond the live sequence (summary fork, prepared contexts)."""
+        tail = max(0, n - self.mark_tok)
+        out = 0
+        if not self.job.done:
+            out += self.job.prompt_tokens + self.job.max_tokens
+        if self.replacement is not None and self.rb is not None:
+            out += len(self.replacement.tokens) + tail
+        if self.fallback is not None:
+            out += len(self.fallback.tokens) + tail
+        return out
+
+    def use_fallback(self) -> Summary:
+        """The edge came first: the fallback (its context prefilled) becomes the replacement.  The model's
+        summary and its context are abandoned: :meth:`release` cancels them after the swap (a cancel
+        waits for the engine's next step; the conversation should not)."""
+        self.abandoned = [x for x in (self.job, self.rb) if x is not None]
+        if self.fallback is None:  # not prefilled (no room, or no time): the swap prefills it
+            self.fallback_summary = self.job.fallback_summary("max_stall")
+            self.fallback, self.fallback_rb = self._build(self.fallback_summary), None
+        self.replacement, self.rb = self.fallback, self.fallback_rb
+        self.fallback, self.fallback_rb = None, None
+        self.job.summary = self.fallback_summary
+        return self.fallback_summary
+
+    def release(self) -> None:
+        for x in self.abandoned:
+            try:
+                x.cancel()
+            except Exception:  # noqa: BLE001
+                pass
+        self.abandoned = []
 
     def take_fallback(self):
         """``(replacement, rebase)`` of the prepared fallback, or ``(None, None)``."""
@@ -109,6 +152,7 @@ class Preparation:
         self.job.cancel()
         self.drop_rebase()
         self.drop_fallback()
+        self.release()
 
     def drop_fallback(self) -> None:
         rb, self.fallback_rb, self.fallback = self.fallback_rb, None, None

@@ -42,8 +42,22 @@ class SummaryMaker:
                 text = e.msg.get("content") or ""
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
                                        self.ledger.is_pinned(e.tidx), e.tidx == first))
-        kept, overflow = plan_kept(cands, self.user_budget())
+        cands.extend(self._pinned_elsewhere(cands))
+        kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
         return kept, overflow, "\n".join(c for c in carried if c.strip())
+
+    def _pinned_elsewhere(self, cands) -> List[Candidate]:
+        """Messages pinned after they left the live context: they come back verbatim in this summary."""
+        held = {c.tidx for c in cands} | {e.tidx for e in self.ctx.entries if not e.summary}
+        for e in self.ctx.entries:
+            if e.summary:
+                held.update(c.tidx for c in self.meta.get(id(e.msg), SummaryMeta()).kept)
+        out = []
+        for i in sorted(self.ledger.pinned - held):
+            m = self.ledger.transcript[i]
+            text = m.get("content") if isinstance(m.get("content"), str) else ""
+            out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, True, False))
+        return out
 
     def room(self) -> int:
         """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most half of
@@ -53,6 +67,12 @@ class SummaryMaker:
 
     def user_budget(self) -> int:
         return min(self.limits.keep_user, self.room() // 8)
+
+    def must_budget(self) -> int:
+        """The first user message and pinned messages are kept beyond the user budget, but not beyond half
+        of the room: a summary message bigger than what it replaces would gain nothing (those over
+        it are summarized with the instruction to keep every constraint verbatim)."""
+        return max(self.user_budget(), self.room() // 2)
 
     def text_budget(self) -> int:
         return max(16, min(self.limits.summary, self.room() // 4))

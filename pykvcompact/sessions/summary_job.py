@@ -86,7 +86,13 @@ class SummaryJob:
             a.cancel()
         self._close_fork()
         self.attempt = None
-        if reason is None:
+        full = (self.head + text).strip()
+        kept = full.rsplit("\n", 1)[0] if reason == "over_length" and "\n" in full else ""
+        if kept and self._count(kept) * 2 >= len(a.tokens):
+            # the budget ran out mid-summary: keep its complete lines (the most important come first)
+            # rather than write a whole second summary, which costs as much again and is cut the same way
+            self.summary = Summary(kept, self._count(kept), False, self.attempts, "trimmed")
+        elif reason is None:
             self.summary = Summary((self.head + text).strip(), len(a.tokens), False, self.attempts)
         else:
             self._failed(reason, str(a.error) if a.error is not None else "")

@@ -5,7 +5,7 @@ If the caller closes the stream early or the engine fails mid-reply, what was ge
 is closed and recorded (even when appending its end-of-turn tokens fails, it is in the transcript)."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from ..tool_calls import parse_tool_calls
 
@@ -14,27 +14,31 @@ class Turn:
     def __init__(self, session, max_tokens: int, sampling: dict, stop: tuple, streaming: bool):
         self.s, self.max_tokens, self.sampling, self.stop, self.streaming = session, max_tokens, sampling, stop, streaming
         self.finish = "length"
+        self._close_cost: Optional[int] = None
+        self._got: List[int] = []
 
     def run(self):
         """Generator of text deltas and events; returns ``(message, finish_reason, n_generated)``."""
         s, ctx = self.s, self.s._ctx
-        s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)))
+        s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
         p = ctx.begin_reply()
         yield from s._drain()
         shown, completed = 0, False
         try:
             while len(p.tokens) < self.max_tokens:
                 n = min(s.policy.chunk_tokens, self.max_tokens - len(p.tokens))
-                if not s._compactor.room_ok(len(ctx) + n):
-                    s._compactor.make_room(lambda: len(ctx) + n)
+                reserve = self.close_cost()  # the turn must close inside the window too
+                if not s._compactor.room_ok(len(ctx) + n + reserve):
+                    s._compactor.make_room(lambda: len(ctx) + n + reserve)
                     yield from s._drain()
-                    if len(ctx) + n > s.window:
-                        n = s.window - len(ctx) - 4  # leave room to close the turn
+                    if len(ctx) + n + reserve > s.window:
+                        n = s.window - len(ctx) - reserve
                         if n <= 0:
                             break
                 s._compactor.tick()
                 yield from s._drain()
                 got: List[int] = []
+                self._got = got  # the chunk in flight (kept if the engine fails mid-chunk)
                 if self.streaming:
                     it = ctx.seq.stream(n, stop=self.stop, **self.sampling)
                     try:
@@ -51,6 +55,7 @@ class Turn:
                 else:
                     got = list(ctx.seq.generate(n, stop=self.stop, **self.sampling))
                 ctx.reply_tokens(got)
+                self._got = []
                 s._prober.generated(len(got))
                 if len(got) < n or (self.stop and any(x in ctx.reply_text() for x in self.stop)):
                     self.finish = "stop"
@@ -62,17 +67,46 @@ class Turn:
                 try:  # keep what was generated (decoded tokens stay in the sequence) and close the turn
                     ctx.resync_reply()
                     self.close()
-                except Exception:  # noqa: BLE001 - the reply is recorded anyway; the original error propagates
-                    pass
+                except Exception:  # noqa: BLE001 - the original error propagates
+                    self._record_lost(p)
         raw = ctx.reply_text()
         if self.streaming and len(raw) > shown:
             yield raw[shown:]
         msg = self.close()
         yield from s._drain()
         yield from s._probe_if_due()
-        s._compactor.tick()
+        s._compactor.tick(turn_end=True)
         yield from s._drain()
         return msg, self.finish, len(p.tokens)
+
+    def close_cost(self) -> int:
+        """Tokens that closing the reply adds (the template's end of turn), plus a little slack: the
+        text generated next may retokenize the boundary."""
+        ctx = self.s._ctx
+        if self._close_cost is None:
+            p = ctx.partial
+            base = ctx.views()
+            if p is None:
+                with_gen = ctx.measure(ctx.render(base, add_generation_prompt=True))
+                closed = ctx.measure(ctx.render(base + [{"role": "assistant", "content": ""}]))
+                self._close_cost = max(0, closed - with_gen) + 2
+            else:
+                closed = ctx.measure(ctx.render(base + [{"role": "assistant", "content": ctx.reply_text()}]))
+                self._close_cost = max(0, closed - len(ctx)) + 2
+        return self._close_cost
+
+    def _record_lost(self, p) -> None:
+        """The sequence cannot be read (the engine closed or failed): what was generated goes to the
+        transcript from the tokens received, so the user's history keeps the partial reply."""
+        s = self.s
+        if s._ctx.partial is not p:
+            return  # close() got far enough to record it
+        try:
+            text = s._ctx.detok(p.tokens + list(self._got))
+        except Exception:  # noqa: BLE001 - the tokenizer is gone with the engine
+            text = s._ctx.reply_text()
+        s._ctx.partial = None
+        s._ledger.record({"role": "assistant", "content": text, "partial": True})
 
     def close(self) -> dict:
         """The generated reply becomes a live message (the template's end-of-turn tokens appended)."""
