@@ -120,16 +120,20 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
     std::vector<Task *> active;
     auto offer = [&](const std::vector<Task *> & candidates, int & cap) {
         for (Task * t : candidates) {
-            if (cap <= 0 || budget <= 0) break;
+            if (budget <= 0) break;
+            // a background job on a deadline takes its own rows per step beyond the shared chunk
+            const int own = t->urgent() ? 0 : t->job->rows_per_step();
+            const int allowed = std::max(cap, own);
+            if (allowed <= 0) continue;
             t->save_cursor();
             int n = 0;
             try {
-                n = t->add_rows(*kv_, std::min(cap, budget));
+                n = t->add_rows(*kv_, std::min(allowed, budget));
             } catch (const std::exception & ex) {
                 t->fail(*kv_, std::current_exception(), ex.what());
             }
             if (t->finished) progress = true;
-            if (n > 0) { t->step_rows = n; active.push_back(t); cap -= n; budget -= n; }
+            if (n > 0) { t->step_rows = n; active.push_back(t); cap -= std::min(cap, n); budget -= n; }
         }
     };
     int urgent_cap = budget;

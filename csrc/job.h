@@ -57,6 +57,14 @@ public:
         if (auto q = waker_.lock()) q->wake();  // an idle engine looks at its tasks again
     }
     bool cancel_requested() const { return cancel_.load(); }
+    // Background work on a deadline: rows this background job may take per step even next to urgent
+    // rows (0: the engine's small default chunk). The caller sizes it from its deadline.
+    void set_rows_per_step(int n) {
+        if (n < 0) throw std::invalid_argument("rows_per_step must be >= 0");
+        rows_per_step_.store(n);
+        if (auto q = waker_.lock()) q->wake();
+    }
+    int rows_per_step() const { return rows_per_step_.load(); }
     bool done() const { std::lock_guard<std::mutex> lk(mu_); return done_; }
     bool ready() const { std::lock_guard<std::mutex> lk(mu_); return ready_; }
 
@@ -114,6 +122,7 @@ private:
     std::exception_ptr error_;
     std::string error_message_;
     std::atomic<bool> cancel_{false};
+    std::atomic<int> rows_per_step_{0};
     std::atomic<long> rows_decoded_{0};
     std::atomic<long> mixed_steps_{0};
     std::weak_ptr<CommandQueue> waker_;

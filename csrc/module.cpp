@@ -57,6 +57,8 @@ PYBIND11_MODULE(_native, m) {
         .def("ready", &Job::ready)
         .def("cancel", &Job::request_cancel)
         .def("cancel_requested", &Job::cancel_requested)
+        .def("set_rows_per_step", &Job::set_rows_per_step, py::arg("n"))
+        .def("rows_per_step", &Job::rows_per_step)
         .def("tokens", &Job::tokens)
         .def("tokens_from", &Job::tokens_from)
         .def("finish_reason", &Job::finish_reason)

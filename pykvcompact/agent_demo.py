@@ -83,7 +83,6 @@ def run_agent_demo(model=None, turns: int = 24, window: int = 2048, mode: str = 
     ``engine``: reuse an existing engine instead (``model``/``n_ctx`` are then ignored).
     """
     import pykvcompact as pk
-    from . import events as ev
 
     if turns < 1:
         raise ValueError("turns must be >= 1")

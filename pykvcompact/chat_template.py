@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 

@@ -50,6 +50,11 @@ class Job:
         decoded stay in the sequence; ``result()`` then returns them."""
         self._j.cancel()
 
+    def set_rows_per_step(self, n: int) -> None:
+        """Background work on a deadline: let this background job take up to ``n`` rows per engine step
+        even next to foreground work (0: the engine's small default chunk; the foreground slows down)."""
+        _set_rows(self._j, n)
+
     def stream(self) -> Iterator[int]:
         have = 0
         try:
@@ -128,6 +133,10 @@ class Rebase:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    def set_rows_per_step(self, n: int) -> None:
+        """Rows per engine step this preparation may take next to foreground work (see ``Job``)."""
+        _set_rows(self._j, n)
+
     def cancel(self) -> None:
         """Drop the preparation and free its slot and cells (not once its commit has begun)."""
         if not self._j.done() and not self.sequence.closed and not self.sequence.engine.closed:
@@ -159,3 +168,9 @@ class Rebase:
 
     def __repr__(self) -> str:
         return f"Rebase(mode={self.mode!r}, keep_prefix={self.keep_prefix}, keep_from={self.keep_from}, replacement={len(self.replacement)} tokens, ready={self.done()})"
+
+
+def _set_rows(native_job, n) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"rows_per_step must be an int >= 0, got {n!r}")
+    native_job.set_rows_per_step(min(n, 1 << 20))

@@ -18,6 +18,7 @@ each summary message within ``Policy.keep_user_tokens``.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -36,9 +37,10 @@ from .sessions.compact_tool import CompactTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
 from .sessions.ledger import Ledger
-from .sessions.messages import ContextWindowError, check_sampling, check_tools, normalize_messages, view_of
+from .sessions.messages import ContextWindowError, check_sampling, check_tools, completion, normalize_messages, view_of
 from .sessions.port import check_engine
 from .sessions.prober import LABELS, Prober
+from .sessions.room import Room
 from .sessions.sizing import check_base, release, reserve, session_cells
 from .sessions.summaries import SummaryMaker
 from .sessions.turn import Turn
@@ -99,6 +101,7 @@ class Session:
         self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit)
         self._compactor.fork_cells = cells - self.window
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
+        self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
         try:
             if system is not None:
@@ -155,13 +158,9 @@ class Session:
     def add(self, messages) -> None:
         """Append messages to the live context without generating a reply."""
         msgs = normalize_messages(messages)
-        self._check_open()
-        self._enter()
-        try:
+        with self._one_call():
             for _ in self._add_messages(msgs):
                 pass
-        finally:
-            self._busy = False
 
     def chat(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> dict:
         """Add ``messages`` (a str is a user message) and generate the assistant reply.
@@ -180,14 +179,10 @@ class Session:
     def compact(self, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
         """Compact now (``/compact``); ``instructions`` focus the summary. Returns the ``rebased`` event, or
         ``None`` when there is nothing to compact yet (a ``compaction_skipped`` event says why)."""
-        self._check_open()
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError("instructions must be a str")
-        self._enter()
-        try:
+        with self._one_call():
             out = self._compactor.compact("manual", instructions)
-        finally:
-            self._busy = False
         self._pending.clear()
         return out
 
@@ -204,12 +199,9 @@ class Session:
             raise ValueError(f"the session only runs {compaction_tool.NAME!r}; other tools belong to the caller")
         call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
                 "function": {"name": name, "arguments": json.dumps(arguments or {})}}
-        self._enter()
-        try:
+        with self._one_call():
             self._append({"role": "assistant", "content": None, "tool_calls": [call]})
             out = self._run_tool(call)["content"]
-        finally:
-            self._busy = False
         self._pending.clear()
         return out
 
@@ -259,38 +251,7 @@ class Session:
         return base or None
 
     def _make_room(self, after_fn: Callable[[], int]) -> None:
-        """Compact until ``after_fn()`` tokens fit; a text that cannot fit even then is refused first."""
-        ctx, comp = self._ctx, self._compactor
-        after = after_fn()
-        if comp.room_ok(after):
-            return
-        if ctx.prefix_tok() + max(0, after - len(ctx)) > self.window:  # no compaction could make it fit
-            raise ContextWindowError(
-                f"the new text needs {after - len(ctx)} more tokens: with the {ctx.prefix_tok()}-token system "
-                f"prompt it cannot fit the window of {self.window} even after compaction; shorten it or use a "
-                "larger window")
-        for _ in range(3):
-            if comp.make_room(after_fn) and comp.room_ok(after_fn()):
-                return
-            if after_fn() <= self.window:
-                return
-        raise ContextWindowError(
-            f"the new text does not fit in the window of {self.window} tokens even after compaction: "
-            f"{after_fn()} needed, {len(ctx)} live in {len(ctx.entries)} messages (system prompt {ctx.prefix_tok()}); "
-            "shorten the message, or use a larger window")
-
-    def _room_for_batch(self, msgs: List[dict]) -> None:
-        """Make room for the call's messages together, before the first is appended: a swap needed by
-        this batch then commits a context prepared while the previous reply was generated, instead of one
-        that has to catch up with half the batch first (the stall at the window edge).  Best effort: the
-        per-message appends still make room (and refuse) one by one."""
-        if len(msgs) < 2:
-            return
-        ctx = self._ctx
-        new_views = [view_of(m) for m in msgs]
-        after = lambda: ctx.measure(ctx.render(ctx.views() + new_views))  # noqa: E731
-        if ctx.prefix_tok() + after() - len(ctx) <= self.window:
-            self._compactor.make_room(after, drop=False)
+        self._room.make(after_fn)
 
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):
@@ -328,7 +289,7 @@ class Session:
     # ================================================================== the main loop
     def _add_messages(self, msgs: List[dict]):
         self._check_open()
-        self._room_for_batch(msgs)
+        self._room.for_batch(msgs)
         yield from self._drain()
         for i, m in enumerate(msgs):
             self._append(m)
@@ -346,20 +307,22 @@ class Session:
         yield from self._probe_if_due()
 
     def _run(self, messages, max_tokens, tools, sampling, streaming):
-        self._check_open()
-        self._enter()
-        try:
+        with self._one_call():
             yield from self._run_call(messages, max_tokens, tools, sampling, streaming)
-        finally:
-            self._busy = False
 
-    def _enter(self) -> None:
+    @contextlib.contextmanager
+    def _one_call(self):
         """One call at a time: a second call while a stream is open would interleave two replies."""
+        self._check_open()
         if self._busy:
             from .errors import SequenceBusyError
             raise SequenceBusyError("this session is still producing a reply (a stream is open): exhaust or "
                                     "close() that stream before the next chat/stream/add/compact call")
         self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
 
     def _run_call(self, messages, max_tokens, tools, sampling, streaming):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -371,7 +334,7 @@ class Session:
         self._n_calls += 1
         ctx = self._ctx
         ctx.prefilled = 0
-        t0, completion = time.perf_counter(), 0
+        t0, completion_tokens = time.perf_counter(), 0
         if new_tools != self._cur_tools:  # the tool header changed: re-render
             self._cur_tools = ctx.tools = new_tools
             self._make_room(lambda: ctx.measure(ctx.render()))
@@ -380,7 +343,7 @@ class Session:
         others: list = []
         for loops in range(4):
             msg, finish, ntok = yield from Turn(self, max_tokens, sampling, stop, streaming).run()
-            completion += ntok
+            completion_tokens += ntok
             calls = msg.get("tool_calls") or []
             compact_calls = [c for c in calls if compaction_tool.is_compact_call(c)]
             others = [c for c in calls if not compaction_tool.is_compact_call(c)]
@@ -389,19 +352,10 @@ class Session:
                 yield from self._drain()
             if not compact_calls or others:
                 break
-        self._compactor.meter.turn(ctx.prefilled + completion, time.perf_counter() - t0)
-        out_msg = {"role": "assistant", "content": msg.get("content")}
-        if others:
-            out_msg["tool_calls"] = copy.deepcopy(others)
-            finish = "tool_calls"
-        self.last_response = {
-            "id": f"chatcmpl-{self.session_id}-{self._n_calls}", "object": "chat.completion",
-            "created": int(time.time()), "model": getattr(self.engine, "model_name", "local"),
-            "choices": [{"index": 0, "message": out_msg, "finish_reason": finish}],
-            "usage": {"prompt_tokens": ctx.prefilled, "completion_tokens": completion,
-                      "total_tokens": ctx.prefilled + completion},
-            "fill": self.fill,
-        }
+        self._compactor.meter.turn(ctx.prefilled + completion_tokens, time.perf_counter() - t0)
+        self.last_response = completion(f"chatcmpl-{self.session_id}-{self._n_calls}",
+                                        getattr(self.engine, "model_name", "local"), msg.get("content"), others,
+                                        finish, ctx.prefilled, completion_tokens, self.fill)
         yield from self._drain()
 
 

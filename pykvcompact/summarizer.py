@@ -11,7 +11,6 @@ Fault injection (tests): ``Summarizer.faults`` is a list consumed one item per a
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -208,6 +207,16 @@ class Attempt:
         except Exception as e:  # noqa: BLE001 - any failure is a summarizer failure
             self.error = e
             self._finish()
+
+    def set_rows_per_step(self, n: int) -> None:
+        """Give this background attempt more rows per step (its deadline is near)."""
+        for j in (self._prefill, self._gen):
+            f = getattr(j, "set_rows_per_step", None)
+            if f is not None:
+                try:
+                    f(n)
+                except Exception:  # noqa: BLE001 - a finished job or a backend without budgets
+                    pass
 
     def _finish(self):
         self._done = True

@@ -224,3 +224,31 @@ def test_background_jobs_queue_on_one_sequence(tiny_engine):
         queued = s.generate_background(50)
     with pytest.raises(pk.SequenceClosedError):
         queued.result(timeout=30)
+
+
+def test_a_background_job_on_a_deadline_takes_its_own_rows_next_to_foreground(tiny_model_path):
+    """``set_rows_per_step``: a background job may take more rows per step than the busy chunk (4 here)
+    while the foreground decodes, so it is done in fewer shared steps."""
+    with pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4, background_chunk=16, background_chunk_busy=4) as eng:
+        mixed = {}
+        for rows in (0, 40):
+            with eng.sequence(text_tokens(eng, 20)) as a, eng.sequence(text_tokens(eng, 5)) as b:
+                job = b.append_background(text_tokens(eng, 400, seed=3))
+                job.set_rows_per_step(rows)
+                a.generate(150)
+                job.result(timeout=60)
+                assert job.rows_decoded == 400 and len(b) == 405
+                mixed[rows] = job.mixed_steps
+        # 400 rows next to the foreground's tokens: >= 100 shared steps at 4 rows (the foreground's 150
+        # steps outlast them), <= 10 at 40 (+1: the budget is set after the job was queued)
+        assert mixed[0] >= 60, mixed
+        assert 0 < mixed[40] <= 11, mixed
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8", True, None])
+def test_rows_per_step_is_checked(tiny_engine, bad):
+    with tiny_engine.sequence(text_tokens(tiny_engine, 5)) as s:
+        job = s.append_background(text_tokens(tiny_engine, 10))
+        with pytest.raises(ValueError, match="rows_per_step"):
+            job.set_rows_per_step(bad)
+        job.result(timeout=30)

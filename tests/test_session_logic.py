@@ -426,7 +426,8 @@ def test_background_uses_the_headroom_above_hard_while_the_summary_is_written(tm
     late = [e for e in s.events if e.name == "rebased"][len(reb):]
     # the next message (~50 fake tokens) would have crossed the window's edge: only then it waited, at most
     # max_stall_ms, and swapped onto the fallback summary
-    assert late and all(e.tokens_before >= s.window - s._compactor.margin - 60 for e in late)
+    # (a preparation started before the switch may still finish and commit early: that one was prepared)
+    assert late and all(e.prepared or e.tokens_before >= s.window - s._compactor.margin - 60 for e in late)
     assert all(e.prepared or (e.fallback and e.wait_ms < s.policy.max_stall_ms + 100) for e in late)
     assert sum(e.fallback for e in late) >= 3
     check_invariants(s)

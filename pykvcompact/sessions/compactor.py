@@ -13,6 +13,9 @@ from .preparation import Preparation
 from .swap import Replacement, Swap
 
 LOOSE = ("manual", "tool", "window_full")
+# rows per step for a preparation whose deadline is near (the engine's default is 8 next to the
+# conversation's decoding, 64 when it is idle): each row slows that step's decode (~3 ms a row here)
+DEADLINE_ROWS = 16
 
 
 class Compactor:
@@ -268,8 +271,21 @@ class Compactor:
         if p is not None and p.commit_trigger and p.state == "caught_up":
             self._commit(p.commit_trigger, None, edge=False)
 
+    def _deadline_rows(self) -> int:
+        """Rows per step the preparation gets next to the conversation's decoding: the engine's small
+        default far from the edge; more as the edge nears (the next turn, by the largest recent one,
+        would cross ``hard``, or the window edge) — the same rows the edge would otherwise spend as a
+        stall, taken earlier while the conversation runs (its decoding slows meanwhile)."""
+        n, turn = len(self.ctx), self.meter.rates().turn_tokens
+        if n + turn >= self.lim.window - self.margin:
+            return 2 * DEADLINE_ROWS
+        if n + turn >= self.lim.hard:
+            return DEADLINE_ROWS
+        return 0
+
     def _advance(self) -> None:
         p = self.prep
+        p.set_rows(self._deadline_rows())
         if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
             self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
             self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))

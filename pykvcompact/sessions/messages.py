@@ -1,7 +1,9 @@
 """Checking what callers hand the session: messages (OpenAI shape) and tool schemas."""
 from __future__ import annotations
 
+import copy
 import json
+import time
 import uuid
 from typing import List
 
@@ -102,4 +104,21 @@ def check_sampling(sampling: dict):
     return sampling, ((stop,) if isinstance(stop, str) else tuple(stop))
 
 
-__all__ = ["ContextWindowError", "check_sampling", "normalize_messages", "check_tools", "view_of", "ROLES"]
+
+
+def completion(cid: str, model: str, content, tool_calls: list, finish: str, prompt_tokens: int,
+               completion_tokens: int, fill: float) -> dict:
+    """An OpenAI chat-completion dict for one reply (``tool_calls``: the calls left for the caller)."""
+    msg = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = copy.deepcopy(tool_calls)
+        finish = "tool_calls"
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+            "fill": fill}
+
+
+__all__ = ["ContextWindowError", "check_sampling", "normalize_messages", "check_tools", "view_of", "ROLES",
+           "completion"]

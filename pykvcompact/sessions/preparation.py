@@ -29,6 +29,7 @@ class Preparation:
         self.fallback_rb = None
         self.fallback_summary: Optional[Summary] = None
         self.abandoned: list = []                    # cancelled after the swap (see use_fallback)
+        self.rows = 0                                # rows per step granted (see set_rows)
 
     # ------------------------------------------------------------------ state
     @property
@@ -65,6 +66,7 @@ class Preparation:
                 try:
                     self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
                     self.rb_t0 = time.perf_counter()
+                    self._grant(self.rb)
                 except engine_errors():  # no slot or cells now: the commit prepares it synchronously
                     self.rb = None
         if self.state == "caught_up":
@@ -83,10 +85,34 @@ class Preparation:
             return
         try:
             self.fallback_rb = seq.prepare_rebase(self.prefix_tok, rep.tokens, self.mark_tok, mode=mode)
+            self._grant(self.fallback_rb)
             self.fallback = rep
             self.fallback_summary = summary
         except engine_errors():
             self.fallback_rb = None
+
+    def set_rows(self, n: int) -> None:
+        """Rows per engine step the summary and the prepared contexts may take next to the conversation's
+        own decoding (0: the engine's default chunk).  Raised as the window edge nears."""
+        if n == self.rows:
+            return
+        self.rows = n
+        a = self.job.attempt
+        for x in (a, self.rb, self.fallback_rb):
+            f = getattr(x, "set_rows_per_step", None)
+            if f is not None:
+                try:
+                    f(n)
+                except Exception:  # noqa: BLE001 - finished, or a backend without row budgets
+                    pass
+
+    def _grant(self, x) -> None:
+        f = getattr(x, "set_rows_per_step", None)
+        if self.rows and f is not None:
+            try:
+                f(self.rows)
+            except Exception:  # noqa: BLE001
+                pass
 
     def cells(self, n: int) -> int:
         """Cells this preparation holds beyond the live sequence (summary fork, prepared contexts)."""
@@ -104,6 +130,7 @@ class Preparation:
         """The edge came first: the fallback (its context prefilled) becomes the replacement.  The model's
         summary and its context are abandoned: :meth:`release` cancels them after the swap (a cancel
         waits for the engine's next step; the conversation should not)."""
+        self.set_rows(0)  # abandoned work must not slow the swap's own engine steps
         self.abandoned = [x for x in (self.job, self.rb) if x is not None]
         if self.fallback is None:  # not prefilled (no room, or no time): the swap prefills it
             self.fallback_summary = self.job.fallback_summary("max_stall")
