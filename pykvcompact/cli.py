@@ -10,7 +10,7 @@ import inspect
 import json
 import sys
 
-MODES = ["none", "fixed", "hard", "rubric", "background"]
+from .policy import MODES  # every mode, `tool` included
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -287,6 +287,8 @@ def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: i
     """Restart rule for a background preparation (``prefix + summary + raw tail`` is what committing it
     gives).  ``"tail_outgrew_hard"``: committing would no longer bring the fill below ``hard``;
     ``"tail_outgrew_budget"``: the shadow outgrew its reserved cells plus the headroom above ``hard``.
+    (The session also restarts with ``"tail_outgrew_window"`` when committing would leave no room for the
+    next turn, by the largest recent one, and a later cut would.)
     ``""``: the preparation still helps.  ``overhead``: template tokens not counted in ``summary_tokens``."""
     if p.mode != "background":
         return ""

@@ -302,7 +302,8 @@ class Session:
                     if compaction_tool.is_compact_call(c) and c["id"] not in answered:
                         self._run_tool(c)
                         yield from self._drain()
-            self._compactor.tick()
+            # after the call's last message the reply is the raw tail to come: a preparation may start
+            self._compactor.tick(turn_end=i == len(msgs) - 1)
             yield from self._drain()
         yield from self._probe_if_due()
 

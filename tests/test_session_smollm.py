@@ -3,6 +3,8 @@ without exceeding it or n_ctx, and the model keeps answering; background mode ge
 on the main path at a swap; the compaction tool; the offload file. Generation is kept short (CPU)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import pykvcompact as pk
@@ -110,19 +112,29 @@ def test_compaction_tool_refuses_then_compacts(smollm_engine, tmp_path):
         assert len(s.tokens) < s.limits.hard
         s.add([{"role": "user", "content": "compact now"},
                {"role": "assistant", "content": None, "tool_calls": [dict(call, id="c2")]}])
+        # background mode: the summary is written on a fork and swapped in once its context is prefilled;
+        # the model is told at once (no stall), the swap comes between later steps
+        result = s.messages[-1]
+        assert result["role"] == "tool" and result["content"].startswith("Compaction started")
+        assert s.messages[-2].get("tool_calls")
+        for _ in range(60):  # short messages (far from hard) while the engine thread writes the summary
+            if any(e.name == "rebased" for e in s.events):
+                break
+            time.sleep(1.0)
+            s.add({"role": "user", "content": "ok"})
         reb = [e for e in s.events if e.name == "rebased"]
-        assert reb and reb[-1].trigger == "tool"
-        assert s.messages[-1]["role"] == "tool" and s.messages[-1]["content"].startswith("Conversation compacted")
-        assert s.messages[-2].get("tool_calls")  # the call is kept raw with its result
+        # the preparation (started at soft, or by the call) was committed once caught up ("tool"), or at
+        # hard if the "ok"s reached it first on a slow CPU: prepared either way, no summary written inline
+        assert reb and reb[0].trigger in ("tool", "hard") and reb[0].prepared, [e.name for e in s.events]
+        live = [m.get("tool_call_id") for m in s.messages if m["role"] == "tool"]
+        assert "c2" in live  # the call's result stays raw (the cut was before the call)
+        assert any(m.get("summary") for m in s.messages)
         r = s.chat("What is the value in row 0.3?", max_tokens=12)
         assert r["choices"][0]["message"]["content"]
     finally:
         s.close()
 
 
-@pytest.mark.xfail(reason="issue 7 is open: at window 1024 with a 442-token system prompt the live context can "
-                          "end a turn above the window (end-of-turn tokens are not reserved) and the next tool "
-                          "result raises ContextWindowError; reproduced in review, not yet fixed", strict=False)
 def test_issue7_scenario_no_drops_and_no_stall_past_max_stall(smollm_engine, tmp_path):
     """The scenario of issue 7: window 1024, `background`, 22 agent turns (tool results up to ~220 tokens),
     no pause between turns: no dropped turn, and every swap either prepared or fallen back after waiting
@@ -134,7 +146,9 @@ def test_issue7_scenario_no_drops_and_no_stall_past_max_stall(smollm_engine, tmp
                        out=lines.append, max_tokens=8)
     assert r["dropped"] == 0 and r["rebases"] >= 3 and r["never_exceeded_window"]
     assert r["rebases"] == r["rebases_prepared"] + r["rebases_fallback"] + r["rebases_waited"]
-    # (how long the wait took is a benchmark figure, not a test: engine queries slow down with the load)
+    # the wait for a late summary is bounded by max_stall_ms (+ one engine step: a query waits for the step
+    # in flight); how long the whole swap took is a benchmark figure (bench/compaction.py), not a test
+    assert r["wait_ms_max"] <= pk.Policy().max_stall_ms + 1000
     assert r["worst_stall_ms"] == max(r["stall_ms"])
     assert r["peak_used_cells"] <= smollm_engine.n_ctx // 2  # two such sessions fit on n_ctx=4096
     assert smollm_engine.used_cells() == before

@@ -147,7 +147,9 @@ class Compactor:
             summary = p.finish(None)
         wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
         if summary.reason == "max_stall":
-            self.emit(ev.SummaryFailed("max_stall", summary.attempts, f"not ready after {self.policy.max_stall_ms} ms"))
+            self.emit(ev.SummaryFailed("max_stall", summary.attempts,
+                                       f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="
+                                       f"{self.policy.max_stall_ms}, the summary's own rate would need longer)"))
         if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
         rep, rb = p.replacement, p.rb
@@ -158,10 +160,24 @@ class Compactor:
         finally:
             p.release()
 
+    def _model_in_time(self, p: Preparation) -> bool:
+        """Can the model's summary still be written within ``max_stall_ms``?  By the measured background
+        summary rate, else by this job's own progress (its prompt's prefill counted in: a low estimate).
+        When it cannot and the fallback's context is prefilled, waiting would only add to the stall."""
+        if p.state != "summarizing" or p.fallback_rb is None:
+            return True
+        rate = self.meter.rates().summary_tok_s
+        if rate is None and p.job.generated > 0:
+            rate = p.job.generated / max(p.elapsed_ms / 1000.0, 1e-3)
+        return bool(rate) and p.summary_left() / rate <= self.policy.max_stall_ms / 1000.0
+
     def _wait_at_edge(self, p: Preparation, t0: float):
         """Until ``max_stall_ms`` after ``t0``: let the preparation catch up (the engine has the rows to
-        itself while the conversation waits).  Then the fallback."""
+        itself while the conversation waits).  Then, or at once when the model's summary cannot be in by
+        then, the fallback."""
         deadline = t0 + self.policy.max_stall_ms / 1000.0
+        if not self._model_in_time(p):
+            return p.use_fallback()
         while True:
             p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase)
             left = deadline - time.perf_counter()
@@ -252,7 +268,8 @@ class Compactor:
     def tick(self, turn_end: bool = False) -> None:
         """Between steps (background mode): advance the preparation, start one when the schedule says,
         restart one the raw tail has outgrown, commit one a COMPRESS verdict (or the tool) asked for once
-        caught up.  ``turn_end``: a reply just closed (the next turn's messages will be the raw tail)."""
+        caught up.  ``turn_end``: a call's messages are all in, or a reply is being written or just
+        closed: what comes next will be the raw tail."""
         if self.policy.mode != "background":
             return
         if self.prep is not None:
@@ -298,19 +315,32 @@ class Compactor:
 
     def _restart_if_needed(self) -> None:
         p = self.prep
-        known = p.replacement is not None
-        summary = len(p.replacement.tokens) if known else summary_message_budget(self.policy, self.lim.window)
-        tail = len(self.ctx) - p.mark_tok
+        if p.replacement is not None:
+            summary = len(p.replacement.tokens)
+        elif p.fallback is not None:  # what the edge commits if the model's summary is late: restarting
+            summary = len(p.fallback.tokens)  # would throw away its prefilled context for nothing
+        else:
+            summary = summary_message_budget(self.policy, self.lim.window)
+        tail, edge = len(self.ctx) - p.mark_tok, self.lim.window - self.margin
         why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
                             tail_tokens=tail, overhead=0)
-        m = self._mark()
-        if not why or m is None or m <= p.mark or needs_restart(
-                self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
-                prefix_tokens=p.prefix_tok, tail_tokens=len(self.ctx) - self.ctx.mark_tok(m), overhead=0):
+        turn = self.meter.rates().turn_tokens
+        if not why and turn and p.prefix_tok + summary + tail + turn > edge:
+            why = "tail_outgrew_window"  # committing it would not leave room for the next turn
+        # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
+        m = self._mark(keep_recent=0) if why == "tail_outgrew_window" else self._mark()
+        if not why or m is None or m <= p.mark:
+            return
+        new_tail = len(self.ctx) - self.ctx.mark_tok(m)
+        if why == "tail_outgrew_window":
+            if p.prefix_tok + summary + new_tail + turn > edge:
+                return  # a later cut would not leave room either
+        elif needs_restart(self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
+                           prefix_tokens=p.prefix_tok, tail_tokens=new_tail, overhead=0):
             return
         trig = p.commit_trigger
         self.cancel(why)
-        if self.start("restart") and trig:
+        if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trig:
             self.prep.commit_trigger = trig
 
     def defer(self, trigger: str) -> bool:

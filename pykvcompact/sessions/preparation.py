@@ -131,6 +131,9 @@ class Preparation:
         summary and its context are abandoned: :meth:`release` cancels them after the swap (a cancel
         waits for the engine's next step; the conversation should not)."""
         self.set_rows(0)  # abandoned work must not slow the swap's own engine steps
+        a = self.job.attempt
+        if a is not None:  # stop writing now (a flag: no wait); the fork is closed after the swap
+            a.cancel()
         self.abandoned = [x for x in (self.job, self.rb) if x is not None]
         if self.fallback is None:  # not prefilled (no room, or no time): the swap prefills it
             self.fallback_summary = self.job.fallback_summary("max_stall")

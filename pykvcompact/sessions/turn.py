@@ -35,7 +35,7 @@ class Turn:
                         n = s.window - len(ctx) - reserve
                         if n <= 0:
                             break
-                s._compactor.tick()
+                s._compactor.tick(turn_end=True)  # the reply being written is the raw tail to come
                 yield from s._drain()
                 got: List[int] = []
                 self._got = got  # the chunk in flight (kept if the engine fails mid-chunk)
