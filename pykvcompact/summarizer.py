@@ -175,6 +175,7 @@ class Attempt:
         self._done = False
         self._cancelled = False
         self.looped = False
+        self.rows_per_step = 0
         try:
             if fault == "exception":
                 raise RuntimeError("injected summarizer fault")
@@ -210,6 +211,7 @@ class Attempt:
 
     def set_rows_per_step(self, n: int) -> None:
         """Give this background attempt more rows per step (its deadline is near)."""
+        self.rows_per_step = n  # also for a generation job started later (see poll)
         for j in (self._prefill, self._gen):
             f = getattr(j, "set_rows_per_step", None)
             if f is not None:
@@ -241,6 +243,8 @@ class Attempt:
                 if self._prefill is not None and getattr(self._prefill, "error", None):
                     raise RuntimeError(f"summary prefill failed: {self._prefill.error}")
                 self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
+                if self.rows_per_step:
+                    self.set_rows_per_step(self.rows_per_step)
             if not self._gen.done():
                 toks = self._gen.tokens
                 if len(toks) >= 24 and looping(self.detokenize(toks)):  # a weak model repeating itself

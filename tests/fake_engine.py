@@ -62,6 +62,7 @@ class FakeRebase:
         self.sequence = seq
         self.keep_prefix, self.replacement, self.keep_from, self.mode = keep_prefix, list(replacement), keep_from, mode
         self._slot = slot_seq
+        self.committed = False
         self.target_len_at_prepare = keep_prefix + len(replacement) + (len(seq.tokens) - keep_from)
 
     def done(self):
@@ -221,6 +222,7 @@ class FakeSeq:
             self._cells = self._cells[:rb.keep_prefix] + [next(self.engine._cell_ids) for _ in rb.replacement] + \
                 self._cells[rb.keep_from:]
         self.engine.commits += 1
+        rb.committed = True
         return {"mode": rb.mode, "tokens_before": before, "tokens_after": len(self._tokens), "stall_ms": 0.01,
                 "catch_up_tokens": max(0, catch)}
 

@@ -149,7 +149,8 @@ class Compactor:
         if summary.reason == "max_stall":
             self.emit(ev.SummaryFailed("max_stall", summary.attempts,
                                        f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="
-                                       f"{self.policy.max_stall_ms}, the summary's own rate would need longer)"))
+                                       f"{self.policy.max_stall_ms}; a wait stops early when the summary's "
+                                       "measured progress says it cannot be in by then)"))
         if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
         rep, rb = p.replacement, p.rb
@@ -158,6 +159,8 @@ class Compactor:
         try:
             return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
         finally:
+            if rb is not None and not getattr(rb, "committed", False):  # the swap failed or gained nothing
+                p.abandoned.append(rb)
             p.release()
 
     def _model_in_time(self, p: Preparation) -> bool:
@@ -166,10 +169,8 @@ class Compactor:
         When it cannot and the fallback's context is prefilled, waiting would only add to the stall."""
         if p.state != "summarizing" or p.fallback_rb is None:
             return True
-        rate = self.meter.rates().summary_tok_s
-        if rate is None and p.job.generated > 0:
-            rate = p.job.generated / max(p.elapsed_ms / 1000.0, 1e-3)
-        return bool(rate) and p.summary_left() / rate <= self.policy.max_stall_ms / 1000.0
+        need = p.job.seconds_left(self.meter.rates().summary_tok_s)
+        return need is None or need <= self.policy.max_stall_ms / 1000.0  # unknown: wait and see
 
     def _wait_at_edge(self, p: Preparation, t0: float):
         """Until ``max_stall_ms`` after ``t0``: let the preparation catch up (the engine has the rows to

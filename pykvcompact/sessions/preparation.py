@@ -30,6 +30,7 @@ class Preparation:
         self.fallback_summary: Optional[Summary] = None
         self.abandoned: list = []                    # cancelled after the swap (see use_fallback)
         self.rows = 0                                # rows per step granted (see set_rows)
+        self._granted = None                         # the summary attempt they were granted to
 
     # ------------------------------------------------------------------ state
     @property
@@ -54,7 +55,9 @@ class Preparation:
         is kept until the model summary's context is caught up (the window edge may come first)."""
         became = False
         if self.replacement is None:
-            if not self.job.poll():
+            polled = self.job.poll()
+            self.set_rows(self.rows)  # a retry started by the poll gets the same rows per step
+            if not polled:
                 return False
             self._ready()
             became = True
@@ -94,10 +97,10 @@ class Preparation:
     def set_rows(self, n: int) -> None:
         """Rows per engine step the summary and the prepared contexts may take next to the conversation's
         own decoding (0: the engine's default chunk).  Raised as the window edge nears."""
-        if n == self.rows:
-            return
-        self.rows = n
         a = self.job.attempt
+        if n == self.rows and a is self._granted:
+            return
+        self.rows, self._granted = n, a  # (a retried attempt is a new one: it is granted too)
         for x in (a, self.rb, self.fallback_rb):
             f = getattr(x, "set_rows_per_step", None)
             if f is not None:

@@ -51,7 +51,15 @@ def _weakrefable(engine) -> bool:
 def session_cells(engine, policy, template, tools, rubric: str, history_path: str):
     """``(window, cells)``: the session's window and the cells it needs with its forks."""
     probe, summ = _fork_tokens(engine, policy, template, tools, rubric, history_path)
-    window = resolve_window(policy, available_cells(engine), probe_tokens=probe, summarizer_tokens=summ)
+    try:
+        window = resolve_window(policy, available_cells(engine), probe_tokens=probe, summarizer_tokens=summ)
+    except ValueError as e:
+        with _LOCK:
+            held = sum(_RESERVED.get(engine, {}).values()) if _weakrefable(engine) else 0
+        if held:
+            raise ValueError(f"{e} ({held} of the engine's {engine.n_ctx} cells are reserved by other open "
+                             "sessions on it: close() them, or give them smaller windows)") from None
+        raise
     if policy.mode == "none":
         return window, window
     return window, window + reserve_cells(policy, window, probe_tokens=probe, summarizer_tokens=summ)

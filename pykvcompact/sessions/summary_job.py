@@ -88,7 +88,7 @@ class SummaryJob:
         self.attempt = None
         full = (self.head + text).strip()
         kept = full.rsplit("\n", 1)[0] if reason == "over_length" and "\n" in full else ""
-        if kept and self._count(kept) * 2 >= len(a.tokens):
+        if kept and not _repeats(kept) and self._count(kept) * 2 >= len(a.tokens):
             # the budget ran out mid-summary: keep its complete lines (the most important come first)
             # rather than write a whole second summary, which costs as much again and is cut the same way
             self.summary = Summary(kept, self._count(kept), False, self.attempts, "trimmed")
@@ -113,6 +113,23 @@ class SummaryJob:
             return len(gen.tokens) if gen is not None else len(a.tokens)
         except Exception:  # noqa: BLE001
             return 0
+
+    def seconds_left(self, gen_rate: Optional[float] = None) -> Optional[float]:
+        """An estimate of the time until this summary is written (None: nothing measured yet): the tokens
+        still to write at ``gen_rate`` (measured on earlier summaries) or at this attempt's own pace; while
+        its prompt is being prefilled, the prompt rows still to go at their own pace (a low estimate)."""
+        a = self.attempt
+        if self.done or a is None:
+            return 0.0 if self.done else None
+        elapsed = max(time.perf_counter() - a.t0, 1e-3)
+        if gen_rate is None and self.generated > 0:
+            gen_rate = self.generated / elapsed  # the prompt's prefill counted in: a slow pace
+        if gen_rate:
+            return max(0, self.max_tokens - self.generated) / gen_rate
+        rows = getattr(getattr(a, "_prefill", None), "rows_decoded", 0) or 0
+        if 0 < rows < self.prompt_tokens:
+            return (self.prompt_tokens - rows) / (rows / elapsed)
+        return None
 
     def poll(self) -> bool:
         """Advance without blocking; True when a summary is there."""
@@ -154,6 +171,12 @@ class SummaryJob:
     @property
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
+
+
+def _repeats(text: str) -> bool:
+    """A line written twice: the model looped (its cut-off output is no summary to keep)."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return len(lines) != len(set(lines))
 
 
 __all__ = ["SummaryJob", "Summary"]

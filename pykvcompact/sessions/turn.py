@@ -21,8 +21,8 @@ class Turn:
         """Generator of text deltas and events; returns ``(message, finish_reason, n_generated)``."""
         s, ctx = self.s, self.s._ctx
         s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
+        yield from s._drain()  # before the reply begins: a stream closed here leaves no reply half-open
         p = ctx.begin_reply()
-        yield from s._drain()
         shown, completed = 0, False
         try:
             while len(p.tokens) < self.max_tokens:

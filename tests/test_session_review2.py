@@ -1,0 +1,146 @@
+"""Regressions from the second adversarial review of the issue-7 session (reproduced on FakeEngine)."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+import pykvcompact as pk
+import fake_engine
+from fake_engine import FakeEngine, default_responder
+from test_session_logic import check_invariants
+
+
+def words(n, tag):
+    return " ".join(f"{tag}{k}" for k in range(n))
+
+
+def test_a_stream_closed_as_the_reply_begins_leaves_tokens_equal_to_the_render(tmp_path):
+    eng = FakeEngine(n_ctx=8192)
+    s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
+                   policy=pk.Policy(mode="hard", window=400, summary_max_tokens=16, keep_user_tokens=0,
+                                    compact_tool=False))
+    for i in range(3):
+        s.chat(f"u{i} " + words(40, f"c{i}_"), max_tokens=8)
+    it = s.stream("u3 " + words(40, "c3_"), max_tokens=8)
+    for x in it:
+        # an event while the reply is begun and still empty (the swap that made room for it)
+        if not isinstance(x, str) and s._ctx.partial is not None and not s._ctx.partial.tokens:
+            it.close()
+            break
+    check_invariants(s)  # tokens == tokenize(render(live messages)): no reply left half-open
+    s.add([{"role": "user", "content": "a " * 30}, {"role": "assistant", "content": "b " * 30}])
+    assert s.compact() is not None
+    check_invariants(s)
+    s.close()
+
+
+def test_the_edge_waits_when_the_summary_rate_is_not_known_yet(tmp_path, monkeypatch):
+    """No summary rate measured and no summary token visible yet (its prompt is being prefilled): the
+    edge waits (up to max_stall_ms) instead of falling back at once."""
+    class Lagging(fake_engine.FakeJob):
+        @property
+        def tokens(self):
+            return self._all if self._polls <= 0 else []
+
+        @tokens.setter
+        def tokens(self, v):
+            self._all = v
+
+    orig = fake_engine.FakeSeq.generate_background
+
+    def lagging(self, max_tokens, **kw):
+        j = orig(self, max_tokens, **kw)
+        return Lagging(j.tokens, finish_reason=j.finish_reason, polls=self.engine.bg_polls)
+
+    monkeypatch.setattr(fake_engine.FakeSeq, "generate_background", lagging)
+    eng = FakeEngine(n_ctx=8192, bg_polls=6)
+    s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
+                   policy=pk.Policy(mode="background", window=2000, summary_max_tokens=64, keep_user_tokens=400,
+                                    compact_tool=False, max_stall_ms=10000))
+    i = 0
+    while (s._compactor.prep is None or s._compactor.prep.fallback is None) and i < 60:
+        s.add([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": words(40, f"a{i}_")}])
+        i += 1
+    assert s._compactor.prep is not None and s._compactor.prep.fallback is not None
+    s.add([{"role": "user", "content": words((2000 - len(s.tokens) - 14) // 2, "big")}])  # to the edge
+    reb = [e for e in s.events if e.name == "rebased"]
+    assert reb and not reb[-1].fallback, reb
+    assert not any(e.name == "summary_failed" for e in s.events)
+    check_invariants(s)
+    s.close()
+
+
+@pytest.mark.parametrize("mode", ["hard", "background"])
+def test_a_looping_summary_is_not_kept_as_a_trimmed_summary(tmp_path, mode):
+    def responder(prompt):
+        if "write a summary of the conversation" in prompt.rsplit("<|im_start|>user\n", 1)[-1]:
+            return "Goal: test the session.\n" + "Verified facts: the build passes on every platform.\n" * 30
+        return default_responder(prompt)
+
+    eng = FakeEngine(n_ctx=8192, responder=responder, bg_polls=3 if mode == "background" else 0)
+    s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
+                   policy=pk.Policy(mode=mode, window=1500, summary_max_tokens=120, keep_user_tokens=0,
+                                    compact_tool=False))
+    for i in range(6):
+        s.chat(f"u{i} " + words(60, f"c{i}_"), max_tokens=16)
+    s.compact()
+    summ = [m for m in s.messages if m.get("summary")]
+    assert summ and summ[-1]["content"].count("Verified facts: the build passes") <= 1
+    ready = [e for e in s.events if e.name == "summary_ready"]
+    assert ready and ready[-1].fallback  # failed twice (looping), then the deterministic summary
+    s.close()
+
+
+def test_a_prepared_rebase_is_released_when_the_swap_is_interrupted(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    orig = fake_engine.FakeSeq.commit_rebase
+
+    def interrupted_once(self, rb):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt("Ctrl-C during the swap")
+        return orig(self, rb)
+
+    monkeypatch.setattr(fake_engine.FakeSeq, "commit_rebase", interrupted_once)
+    eng = FakeEngine(n_ctx=8192)
+    s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
+                   policy=pk.Policy(mode="background", window=800, summary_max_tokens=32, keep_user_tokens=0,
+                                    compact_tool=False))
+    with pytest.raises(KeyboardInterrupt):
+        for i in range(40):
+            s.chat(f"u{i} " + words(30, f"c{i}_"), max_tokens=16)
+    check_invariants(s)
+    s.chat("again", max_tokens=8)
+    check_invariants(s)
+    s.close()
+    gc.collect()
+    assert eng.used_cells() == 0 and not eng._seqs
+
+
+def test_a_retried_summary_attempt_gets_the_preparations_rows(tmp_path, monkeypatch):
+    from pykvcompact.summarizer import Summarizer
+    grants, jobs = {}, []
+    monkeypatch.setattr(fake_engine.FakeJob, "set_rows_per_step", lambda self, n: grants.__setitem__(id(self), n),
+                        raising=False)
+    orig = fake_engine.FakeSeq.generate_background
+
+    def recorded(self, max_tokens, **kw):
+        j = orig(self, max_tokens, **kw)
+        jobs.append(j)
+        return j
+
+    monkeypatch.setattr(fake_engine.FakeSeq, "generate_background", recorded)
+    eng = FakeEngine(n_ctx=8192, bg_polls=40)
+    s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
+                   summarizer=Summarizer(["empty"]),  # the first attempt fails: a retry follows
+                   policy=pk.Policy(mode="background", window=1000, summary_max_tokens=32, keep_user_tokens=0,
+                                    compact_tool=False, chunk_tokens=4, summary_retries=1))
+    for i in range(12):
+        s.chat(f"u{i} " + words(60, f"c{i}_"), max_tokens=8)
+    failed = [e for e in s.events if e.name == "summary_failed"]
+    assert failed and failed[0].reason == "empty"
+    # the first preparation's attempt (failed: empty) and its retry were both granted the deadline rows
+    assert len(jobs) >= 2 and grants.get(id(jobs[0])) == grants.get(id(jobs[1])) == 32, \
+        [grants.get(id(j)) for j in jobs]
+    s.close()
