@@ -80,7 +80,12 @@ def main(argv=None) -> dict:
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": "2-core CPU", "modes": {}}
     history = tempfile.mkdtemp(prefix="pykvcompact-bench-")
     for mode in args.modes.split(","):
-        runs = [run_mode(eng, mode, args, history, k) for k in range(args.repeats)]
+        try:
+            runs = [run_mode(eng, mode, args, history, k) for k in range(args.repeats)]
+        except ValueError as e:  # the mode cannot run at this window (e.g. fixed_at below the system prompt)
+            result["modes"][mode] = {"error": str(e)}
+            print(f"{mode:10s} cannot run: {e}", file=sys.stderr)
+            continue
         result["modes"][mode] = {"runs": runs, **spread(runs)}
         m = result["modes"][mode]
         print(f"{mode:10s} elapsed {m['elapsed_s']}  turn median {m['turn_ms_median']} ms  slowest {m['turn_ms_max']} "
