@@ -10,6 +10,10 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+# bench/ (the evaluation harness that test_eval_smoke runs) is not installed: the checkout goes at the
+# END of sys.path, so that `pykvcompact` is still the installed package (with its compiled module), not
+# the source tree, as CI runs it after `pip install .`
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 
 import pykvcompact as pk  # noqa: E402
 from tiny_model import make_tiny_gguf  # noqa: E402
