@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import tempfile
 import sys
 
 import pytest
@@ -76,8 +77,9 @@ def test_compact_command(engine, tmp_path):
 
 def _cli(*args, stdin=None, timeout=300):
     env = dict(os.environ, PYKVCOMPACT_PROGRESS="0")
+    # from outside the checkout: its pykvcompact/ source tree would shadow the installed package
     return subprocess.run([sys.executable, "-m", "pykvcompact", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+                          text=True, timeout=timeout, env=env, cwd=tempfile.gettempdir())
 
 
 def test_chat_command_through_stdin(engine, tmp_path):

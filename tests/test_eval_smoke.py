@@ -3,17 +3,14 @@ be consistent (not good: SmolLM2 is weak).  The smoke run is ``--episodes 2 --qu
 policies with short episodes (1.2 x the window), so that it stays near 2-3 minutes on 2 idle cores;
 ``--threads 1`` because on a shared, loaded machine two ggml threads per process are ~10x slower."""
 import json
-import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
 from bench.eval.metrics import auc, summarize, wilson
 from bench.eval.scoring import carries, is_correct
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_wilson_interval_known_values():
@@ -58,11 +55,12 @@ def test_smoke_run_on_smollm2(tmp_path):
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"SmolLM2 is not installed: {exc}")
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "bench.eval", "--model", "smollm2-135m", "--episodes", "2", "--quick",
-           "--families", "instructions", "--policies", "full,hard,peer", "--ratio", "1.2",
-           "--threads", "1", "--out", str(out), "--quiet"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    from bench.eval.launch import command
+    # the installed pykvcompact, as CI runs it (see bench/eval/launch.py)
+    cmd = command("bench.eval", "--model", "smollm2-135m", "--episodes", "2", "--quick",
+                  "--families", "instructions", "--policies", "full,hard,peer", "--ratio", "1.2",
+                  "--threads", "1", "--out", str(out), "--quiet")
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((out.parent / "eval.json").read_text())
     for suffix in (".md", "-accuracy.png", "-fill.png"):

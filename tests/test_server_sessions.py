@@ -177,7 +177,8 @@ def test_serve_command_in_a_subprocess(float_engine, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "pykvcompact", "serve", "--model", str(float_engine.model_path),
                              "--port", str(port), "--n-ctx", "4096", "--window", "1024", "--threads", "1",
                              "--api-key", API_KEY, "--history-dir", str(tmp_path), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)  # outside the checkout (its source tree would shadow the install)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(240):  # bounded: up to 60 s to load and listen

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
-import sys
 import tempfile
 from typing import List
 
 from .episode import Episode
+from .launch import command
 from .policies import Settings
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_peer(model_path: str, episodes: List[Episode], settings: Settings, n_threads: int,
@@ -23,7 +21,7 @@ def run_peer(model_path: str, episodes: List[Episode], settings: Settings, n_thr
                    "reply_tokens": settings.reply_tokens, "answer_tokens": settings.answer_tokens,
                    "summary_tokens": settings.summary_max_tokens or min(512, settings.window // 8),
                    "episodes": [e.to_dict() for e in episodes]}, open(job, "w"))
-        proc = subprocess.run([sys.executable, "-m", "bench.eval.peer_worker", job, out], cwd=REPO,
+        proc = subprocess.run(command("bench.eval.peer_worker", job, out), cwd=tmp,
                               capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"the peer worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
