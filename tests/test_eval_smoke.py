@@ -3,7 +3,6 @@ be consistent (not good: SmolLM2 is weak).  The smoke run is ``--episodes 2 --qu
 policies with short episodes (1.2 x the window), so that it stays near 2-3 minutes on 2 idle cores;
 ``--threads 1`` because on a shared, loaded machine two ggml threads per process are ~10x slower."""
 import json
-import pathlib
 import subprocess
 
 import pytest
