@@ -16,6 +16,8 @@ import time
 from collections import Counter
 from typing import Callable, List, Optional, Sequence
 
+from .sessions.port import grant_rows
+
 FAILURES = ("exception", "empty", "over_length", "timeout", "tool_call")
 
 # The answer is prefilled with its first heading, so the model starts writing the summary (not a tool
@@ -213,12 +215,7 @@ class Attempt:
         """Give this background attempt more rows per step (its deadline is near)."""
         self.rows_per_step = n  # also for a generation job started later (see poll)
         for j in (self._prefill, self._gen):
-            f = getattr(j, "set_rows_per_step", None)
-            if f is not None:
-                try:
-                    f(n)
-                except Exception:  # noqa: BLE001 - a finished job or a backend without budgets
-                    pass
+            grant_rows(j, n)
 
     def _finish(self):
         self._done = True
@@ -244,7 +241,7 @@ class Attempt:
                     raise RuntimeError(f"summary prefill failed: {self._prefill.error}")
                 self._gen = self.fork.generate_background(self.max_tokens, temperature=0.0)
                 if self.rows_per_step:
-                    self.set_rows_per_step(self.rows_per_step)
+                    grant_rows(self._gen, self.rows_per_step)
             if not self._gen.done():
                 toks = self._gen.tokens
                 if len(toks) >= 24 and looping(self.detokenize(toks)):  # a weak model repeating itself

@@ -9,6 +9,18 @@ from __future__ import annotations
 from typing import Dict, Iterable, Iterator, List, Protocol, runtime_checkable
 
 
+
+def grant_rows(work, n: int) -> None:
+    """Rows per engine step for background work on a deadline (``set_rows_per_step`` of a job or a
+    prepared rebase); nothing for a backend without row budgets, or work that has already finished."""
+    f = getattr(work, "set_rows_per_step", None)
+    if f is not None:
+        try:
+            f(n)
+        except Exception:  # noqa: BLE001 - finished, or cancelled meanwhile
+            pass
+
+
 @runtime_checkable
 class JobPort(Protocol):
     def done(self) -> bool: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from .port import engine_errors
+from .port import engine_errors, grant_rows
 from .summary_job import Summary, SummaryJob
 from .swap import Replacement
 
@@ -102,20 +102,11 @@ class Preparation:
             return
         self.rows, self._granted = n, a  # (a retried attempt is a new one: it is granted too)
         for x in (a, self.rb, self.fallback_rb):
-            f = getattr(x, "set_rows_per_step", None)
-            if f is not None:
-                try:
-                    f(n)
-                except Exception:  # noqa: BLE001 - finished, or a backend without row budgets
-                    pass
+            grant_rows(x, n)
 
     def _grant(self, x) -> None:
-        f = getattr(x, "set_rows_per_step", None)
-        if self.rows and f is not None:
-            try:
-                f(self.rows)
-            except Exception:  # noqa: BLE001
-                pass
+        if self.rows:
+            grant_rows(x, self.rows)
 
     def cells(self, n: int) -> int:
         """Cells this preparation holds beyond the live sequence (summary fork, prepared contexts)."""

@@ -21,11 +21,17 @@ _RESERVED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
+def _held(engine) -> int:
+    """Cells promised to the live sessions on ``engine``."""
+    if not _weakrefable(engine):
+        return 0
+    with _LOCK:
+        return sum(_RESERVED.get(engine, {}).values())
+
+
 def available_cells(engine) -> int:
     """Free cells not promised to another session."""
-    with _LOCK:
-        held = sum(_RESERVED.get(engine, {}).values()) if _weakrefable(engine) else 0
-    return min(free_cells(engine), engine.n_ctx - held)
+    return min(free_cells(engine), engine.n_ctx - _held(engine))
 
 
 def reserve(engine, key, cells: int) -> None:
@@ -54,8 +60,7 @@ def session_cells(engine, policy, template, tools, rubric: str, history_path: st
     try:
         window = resolve_window(policy, available_cells(engine), probe_tokens=probe, summarizer_tokens=summ)
     except ValueError as e:
-        with _LOCK:
-            held = sum(_RESERVED.get(engine, {}).values()) if _weakrefable(engine) else 0
+        held = _held(engine)
         if held:
             raise ValueError(f"{e} ({held} of the engine's {engine.n_ctx} cells are reserved by other open "
                              "sessions on it: close() them, or give them smaller windows)") from None
