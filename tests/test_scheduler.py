@@ -110,3 +110,16 @@ def test_rate_meter_recent_turns():
     r = m.rates()
     assert r.turn_tokens == 105 and 100 <= r.growth_tok_s <= 105
     assert r.summary_tok_s == 32 and r.prefill_tok_s == 200
+
+
+def test_rate_meter_peak_remembers_a_large_turn_longer_than_the_pace():
+    """A file read every few tasks: the pace forgets it after 4 turns, the room a swap leaves must not."""
+    m = S.RateMeter(turns=4, peak_turns=16)
+    m.turn(250, 1.0)
+    for _ in range(8):
+        m.turn(60, 1.0)
+    r = m.rates()
+    assert r.turn_tokens == 60 and r.peak_turn_tokens == 250
+    for _ in range(8):
+        m.turn(60, 1.0)
+    assert m.rates().peak_turn_tokens == 60

@@ -325,7 +325,7 @@ class Compactor:
         tail, edge = len(self.ctx) - p.mark_tok, self.lim.window - self.margin
         why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
                             tail_tokens=tail, overhead=0)
-        turn = self.meter.rates().turn_tokens
+        turn = self.meter.rates().peak_turn_tokens  # the largest turn of a longer memory: one swap must do
         if not why and turn and p.prefix_tok + summary + tail + turn > edge:
             why = "tail_outgrew_window"  # committing it would not leave room for the next turn
         # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)

@@ -29,6 +29,7 @@ class Rates:
     turn_tokens: int = 0                   # the largest recent growth in one turn
     summary_tok_s: Optional[float] = None  # background summary tokens per second
     prefill_tok_s: Optional[float] = None  # background prefill rows per second
+    peak_turn_tokens: int = 0              # the largest growth in one turn over a longer memory
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,10 @@ def decide(p: Policy, lim: Limits, st: State, rates: Rates, margin: int = 24) ->
 class RateMeter:
     """Running estimates of the rates the schedule needs (exponentially weighted, recent turns first)."""
 
-    def __init__(self, alpha: float = 0.5, turns: int = 4):
-        self.alpha, self.turns = alpha, turns
+    def __init__(self, alpha: float = 0.5, turns: int = 4, peak_turns: int = 16):
+        # ``turns``: what the start schedule extrapolates (recent pace); ``peak_turns``: the room a swap must
+        # leave (an agent's large tool results come back every few tasks, e.g. a file read every 6 turns)
+        self.alpha, self.turns, self.peak_turns = alpha, turns, peak_turns
         self._growth: Optional[float] = None
         self._summary: Optional[float] = None
         self._prefill: Optional[float] = None
@@ -126,7 +129,7 @@ class RateMeter:
         """A step of the conversation added ``tokens`` live tokens in ``seconds``."""
         if tokens <= 0:
             return
-        self._recent = (self._recent + [tokens])[-self.turns:]
+        self._recent = (self._recent + [tokens])[-max(self.turns, self.peak_turns):]
         if seconds > 0:
             self._growth = self._mix(self._growth, tokens / seconds)
 
@@ -139,7 +142,8 @@ class RateMeter:
             self._prefill = self._mix(self._prefill, tokens / seconds)
 
     def rates(self) -> Rates:
-        return Rates(self._growth, max(self._recent, default=0), self._summary, self._prefill)
+        return Rates(self._growth, max(self._recent[-self.turns:], default=0), self._summary, self._prefill,
+                     peak_turn_tokens=max(self._recent, default=0))
 
 
 __all__ = ["Rates", "State", "Action", "ACTIONS", "PREP_STATES", "decide", "edge_action", "start_reason",
