@@ -44,6 +44,14 @@ struct EngineOptions {
 struct Task;
 struct RebaseTask;
 
+// One sequence's saved state (engine_state.cpp): what a new sequence needs to continue without a prefill.
+struct SeqSnapshot {
+    std::vector<llama_token> tokens;
+    size_t evaluated = 0;          // tokens with KV (all, or all but an unevaluated last one)
+    std::vector<float> logits;     // next-token logits (n_vocab), or empty when they were not valid
+    std::vector<uint8_t> state;    // llama_state_seq_get_data of the sequence's slot
+};
+
 class Engine {
 public:
     explicit Engine(const EngineOptions & opts);
@@ -102,6 +110,12 @@ public:
     std::map<std::string, long> tokens_per_sequence();
     size_t used_cells();
     void inject_decode_failures(int count, int rc, int min_rows);  // tests: see KvBook::inject_failures
+
+    // ---- persistence (engine_state.cpp): any thread
+    SeqSnapshot seq_export(uint64_t h);
+    // A new sequence from a snapshot of this model; `state` is only read during the call.
+    uint64_t seq_import(const std::vector<llama_token> & tokens, size_t evaluated, const std::vector<float> & logits,
+                        const uint8_t * state, size_t state_size);
 
 private:
     template <class F> auto run_on_engine_thread(F && f) -> decltype(f());

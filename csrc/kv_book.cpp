@@ -67,6 +67,7 @@ SeqState & KvBook::fork(uint64_t src_h, bool internal, size_t n) {
     dst.tokens.assign(src.tokens.begin(), src.tokens.begin() + (long) n_tok);
     dst.cells.assign(src.cells.begin(), src.cells.begin() + (long) n_cells);
     for (CellId c : dst.cells) ledger_.hold(c);
+    dst.shift_pending = n_cells > 0 && src.shift_pending;  // it may share the moved cells
     if (n_tok == src.size() && src.logits_valid) {
         dst.logits = logits_copy(src);
         dst.logits_valid = true;
@@ -95,6 +96,7 @@ void KvBook::take_over(SeqState & m, uint64_t shadow_h) {
     m.logits = std::move(sh.logits);
     m.logits_valid = sh.logits_valid;
     m.logits_row = sh.logits_row;
+    m.shift_pending = sh.shift_pending;
     rollback_.erase(shadow_h);
     seqs_.erase(shadow_h);
 }
@@ -132,6 +134,12 @@ void KvBook::unevaluate_last(SeqState & s) {
     rb.cells = std::min(rb.cells, s.cells.size());
     s.logits_valid = false;
     s.logits_row = -1;
+}
+
+void KvBook::adopt_cells(SeqState & s, size_t n) {
+    assert_thread();
+    if (!s.cells.empty() || n > s.size()) throw std::logic_error("adopt_cells on a sequence that has cells");
+    for (size_t i = 0; i < n; ++i) s.cells.push_back(ledger_.create());
 }
 
 // ---------------------------------------------------------------- queues
@@ -220,7 +228,11 @@ int KvBook::decode() {
         inject_count_ -= 1;
         return inject_rc_;
     }
-    return llama_decode(ctx_, batch_);
+    const int rc = llama_decode(ctx_, batch_);
+    if (rc == 0) {  // the decode applied every pending K shift first (llama.cpp's memory update)
+        for (auto & [h, s] : seqs_) s.shift_pending = false;
+    }
+    return rc;
 }
 
 void KvBook::rollback() {

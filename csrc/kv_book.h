@@ -68,6 +68,9 @@ public:
     void drop_tail(SeqState & s, size_t n);
     // Removes the last token's KV but keeps the token: it will be decoded again, with logits.
     void unevaluate_last(SeqState & s);
+    // The sequence's first n tokens got their KV from outside a batch (a restored state): one new
+    // ledger cell each. The sequence must have no cells yet.
+    void adopt_cells(SeqState & s, size_t n);
 
     // ---- task queues (front = the running task)
     // Background tasks queue behind background tasks; anything else on a busy sequence raises.

@@ -30,6 +30,10 @@ struct SeqState {
     std::deque<Task *> queue;
     uint64_t epoch = 0;           // rebases committed on this sequence (a preparation older than it is stale)
     bool internal = false;        // a rebase shadow or a probe fork: not visible to Python
+    // A splice moved some of this sequence's cells (llama_memory_seq_add): llama.cpp rotates their K
+    // at the next llama_decode, so until then the cache holds un-rotated K for them. Cleared by the
+    // next successful decode (of any batch: the update runs over the whole cache).
+    bool shift_pending = false;
 
     size_t size() const { return tokens.size(); }
     size_t evaluated() const { return cells.size(); }

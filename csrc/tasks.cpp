@@ -328,7 +328,10 @@ void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
     const llama_pos delta = (llama_pos) (kp + R) - (llama_pos) kf;
     if (!llama_memory_seq_rm(mem, m.sid, (llama_pos) kp, (llama_pos) kf))
         throw UnsupportedOperationError("this model's memory cannot remove a range of a sequence; use mode='exact'");
-    if (delta != 0) llama_memory_seq_add(mem, m.sid, (llama_pos) kf, -1, delta);
+    if (delta != 0) {
+        llama_memory_seq_add(mem, m.sid, (llama_pos) kf, -1, delta);
+        m.shift_pending = true;  // K is rotated at the next decode; see SeqState::shift_pending
+    }
     if (R > 0) llama_memory_seq_cp(mem, sh.sid, m.sid, (llama_pos) kp, (llama_pos) (kp + R));
     std::vector<llama_token> toks(m.tokens.begin(), m.tokens.begin() + (long) kp);
     std::vector<CellId> cells(m.cells.begin(), m.cells.begin() + (long) kp);

@@ -11,7 +11,7 @@ from ._native_loader import LLAMA_CPP_PYTHON_VERSION
 from .engine import Engine, Sequence, physical_cores
 from .errors import (CancelledError, ContextFullError, EngineClosedError, EngineError, InvalidModelError, ModelNotFoundError,
                      PyKVCompactError, SequenceBusyError, SequenceClosedError, SlotsExhaustedError,
-                     UnsupportedOperationError)
+                     UnsupportedOperationError, InvalidStateError, StateMismatchError)
 from .jobs import Job, Rebase
 from .models import list_models, resolve_model
 
@@ -21,7 +21,7 @@ __all__ = [
     "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",
     "PyKVCompactError", "EngineError", "EngineClosedError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
     "SequenceBusyError", "UnsupportedOperationError", "CancelledError", "ModelNotFoundError", "InvalidModelError",
-    "LLAMA_CPP_PYTHON_VERSION",
+    "InvalidStateError", "StateMismatchError", "LLAMA_CPP_PYTHON_VERSION",
 ]
 
 # The policy layer (sessions, compaction); optional until present.

@@ -16,6 +16,7 @@ from ._native_loader import native
 from .errors import EngineClosedError, SequenceClosedError
 from .jobs import Job, Rebase, wait_job
 from .models import resolve_model
+from . import state as _state
 
 # Row kinds, as the native engine counts them in stats().
 FOREGROUND, BACKGROUND, PROBE = 0, 1, 2
@@ -120,6 +121,7 @@ class Engine:
         self._n_vocab = self._n.n_vocab()
         self._caps = dict(self._n.capabilities())
         self._metadata: dict[str, str] | None = None
+        self._fingerprint: dict | None = None
 
     # -- model and text ---------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
@@ -175,6 +177,26 @@ class Engine:
         """What the loaded model allows: ``can_shift`` (splice rebase), ``recurrent``/``hybrid``
         (no truncate, exact rebase re-prefills the prefix), ``sliding_window``, ``n_ctx``, ``n_seq_max``..."""
         return dict(self._caps)
+
+    @property
+    def fingerprint(self) -> dict:
+        """What a saved sequence state must match to load here (``load_sequence``): ``model`` (a key of
+        the file's size, GGUF metadata and vocabulary), ``n_ctx``, and the ``pykvcompact`` and
+        ``llama_cpp`` versions; ``model_file`` and ``n_vocab`` are informative."""
+        self._live()
+        if self._fingerprint is None:
+            self._fingerprint = _state.engine_fingerprint(self)
+        return dict(self._fingerprint)
+
+    def load_sequence(self, blob: bytes) -> "Sequence":
+        """A new sequence from ``Sequence.save_state()`` bytes: same tokens, same KV, same next-token
+        logits, no prefill. Raises ``InvalidStateError`` (a ValueError) for a cut-short or corrupt
+        blob and ``StateMismatchError`` (a ValueError, naming what differs) for one saved by another
+        model, n_ctx or library version: prefill its tokens again then. Also ``ContextFullError`` or
+        ``SlotsExhaustedError`` when it does not fit; a failed load leaves nothing behind."""
+        live = self._live()
+        saved = _state.unpack(blob, self.fingerprint)
+        return Sequence(self, live.seq_import(saved.tokens, saved.evaluated, saved.logits, saved.state))
 
     # -- state ------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -288,6 +310,13 @@ class Sequence:
     def logits(self) -> np.ndarray:
         """float32 logits of the next token after the last one (recomputed once after a truncate)."""
         return self._n().seq_logits(self._h)
+
+    def save_state(self) -> bytes:
+        """This sequence's tokens, KV state and next-token logits (when valid) as bytes, for
+        ``Engine.load_sequence`` in this process or another one running the same model, n_ctx and
+        versions (see ``Engine.fingerprint``). Raises SequenceBusyError while a job runs on it."""
+        tokens, evaluated, logits, data = self._n().seq_export(self._h)
+        return _state.pack(self.engine.fingerprint, tokens, evaluated, logits, data)
 
     # -- writing ----------------------------------------------------------------------------------
     def append(self, tokens: Iterable[int]) -> None:

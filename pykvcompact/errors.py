@@ -50,3 +50,13 @@ class UnsupportedOperationError(EngineError):
 
 class CancelledError(EngineError):
     """The job was cancelled."""
+
+
+class InvalidStateError(PyKVCompactError, ValueError):
+    """Saved state (a sequence state blob, a session snapshot or log) is corrupt, cut short or not ours."""
+
+
+class StateMismatchError(PyKVCompactError, ValueError):
+    """Saved KV state was made by another model, context size or library version: prefill the tokens
+    again instead of loading it (the message names what differs). A sequence state's error also has
+    ``differences`` (each in words) and ``tokens`` (the saved tokens, or None when unreadable)."""
