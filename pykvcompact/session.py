@@ -36,6 +36,7 @@ from .policy import Policy
 from .sessions.compact_tool import CompactTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
+from .sessions.journal import Journal, log_path
 from .sessions.ledger import Ledger
 from .sessions.messages import ContextWindowError, check_sampling, check_tools, completion, normalize_messages, view_of
 from .sessions.port import check_engine
@@ -59,7 +60,7 @@ class Session:
     def __init__(self, engine, *, system: Optional[str] = None, policy: Optional[Policy] = None,
                  session_id: Optional[str] = None, history_dir="conversation_history", tools=None,
                  template: Optional[ChatTemplate] = None, summarizer: Optional[Summarizer] = None,
-                 labels: Sequence[str] = LABELS):
+                 labels: Sequence[str] = LABELS, _resume=None):
         policy = Policy() if policy is None else policy
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a pykvcompact.Policy")
@@ -88,6 +89,7 @@ class Session:
         self._closed = False
         self._busy = False                   # a chat/stream/compact call is running (one at a time)
         self._ledger = Ledger(self.history)
+        self.log_path = str(log_path(history_dir, self.session_id))
         self._cur_tools = self._effective_tools(None)
         self.window, cells = session_cells(engine, policy, self.template, self._cur_tools, self.rubric,
                                            self.history_path)
@@ -103,7 +105,12 @@ class Session:
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
         self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
+        self._ledger.describe = self._maker.describe
         try:
+            self._ledger.journal = _resume or Journal(self.log_path)
+            if _resume is None:  # a new session (a same-id log restarts at this record)
+                self._ledger.journal.open(session_id=self.session_id, history_dir=str(history_dir),
+                                          policy=policy, tools=self.tools, cur_tools=self._cur_tools)
             if system is not None:
                 self._append({"role": "system", "content": system}, check_room=False)
                 self._ctx.n_prefix = 1
@@ -191,6 +198,24 @@ class Session:
         self._check_open()
         self._ledger.pin(message_index)
 
+    def save(self, path) -> None:
+        """Snapshot the session to ``path``: its live context, the position in its log and the KV state of
+        its sequence, so that :meth:`load` resumes without re-prefilling.  (Every message is in the log
+        already, fsynced as it came: a session that was never saved can be loaded from its log.)"""
+        from .sessions.persist import save_session
+        with self._one_call():
+            save_session(self, path)
+
+    @classmethod
+    def load(cls, engine, path, **kwargs) -> "Session":
+        """Resume a session from a :meth:`save` snapshot or from its log (``{history_dir}/{id}.log.jsonl``,
+        after a crash).  The transcript, pins, summaries and live context come back as they were; the KV
+        state is loaded when the snapshot is current and was saved by the same model, context size and
+        library version, else the live context is prefilled again (``resumed["kv"]`` says which).
+        ``kwargs`` (``summarizer``, ``labels``, ``template``) as for the constructor."""
+        from .sessions.persist import load_session
+        return load_session(cls, engine, path, **kwargs)
+
     def call_tool(self, name: str = compaction_tool.NAME, arguments: Optional[dict] = None) -> str:
         """Run a session-handled tool as if the model had called it now (only ``compact_conversation``):
         the assistant tool call and its result are added to the conversation; returns the result text."""
@@ -260,13 +285,14 @@ class Session:
         if check_room and not from_partial:
             self._make_room(lambda: ctx.measure(ctx.render(ctx.views() + [view])))
         tidx = len(self._ledger.transcript)
+        own_view = None if view == view_of(msg) else view  # the log keeps a view it cannot recompute
         try:
             entry = ctx.add(msg, view, tidx, from_partial=from_partial)
         except BaseException:
             if from_partial:  # the reply is live (its tokens are in the sequence): record it
-                self._ledger.record(msg)
+                self._ledger.record(msg, own_view)
             raise
-        self._ledger.record(msg)
+        self._ledger.record(msg, own_view)
         return entry
 
     def _run_tool(self, call: dict) -> dict:
@@ -337,6 +363,7 @@ class Session:
         ctx.prefilled = 0
         t0, completion_tokens = time.perf_counter(), 0
         if new_tools != self._cur_tools:  # the tool header changed: re-render
+            self._ledger.journal.tools(new_tools)
             self._cur_tools = ctx.tools = new_tools
             self._make_room(lambda: ctx.measure(ctx.render()))
             ctx.sync(ctx.render())

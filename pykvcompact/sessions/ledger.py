@@ -7,7 +7,7 @@ that replaces it is retried (a set of written transcript indices).  ``forget()``
 from __future__ import annotations
 
 import copy
-from typing import List, Sequence, Set
+from typing import Callable, List, Optional, Sequence, Set
 
 from ..history import HistoryFile
 
@@ -20,17 +20,24 @@ class Ledger:
         self._written: Set[int] = set()      # transcript indices already in the history file
         self._marked: Set[int] = set()       # summaries already marked as replaced
         self.pinned: Set[int] = set()        # transcript indices kept verbatim in every compaction
+        self.journal = None                  # the write-ahead log (sessions/journal.py), when there is one
+        self.describe: Callable[[dict], Optional[dict]] = lambda msg: None  # a summary's kept messages
 
     @property
     def path(self) -> str:
         return str(self.history.path)
 
-    def record(self, msg: dict) -> int:
-        """Add ``msg`` to the transcript; returns its index."""
+    def record(self, msg: dict, view: Optional[dict] = None, live: bool = True) -> int:
+        """Add ``msg`` to the transcript (the log first, fsynced); returns its index.  ``live``: it is in
+        the live context now (a summary goes live with its swap); ``view``: what the template saw of it,
+        when that is not ``view_of(msg)``."""
+        i = len(self.transcript)
+        if self.journal is not None:
+            self.journal.message(i, msg, view, live and not msg.get("summary"))
         self.transcript.append(msg)
         if msg.get("pinned"):
-            self.pinned.add(len(self.transcript) - 1)
-        return len(self.transcript) - 1
+            self.pinned.add(i)
+        return i
 
     def pin(self, index: int) -> dict:
         if not isinstance(index, int) or isinstance(index, bool):
@@ -42,6 +49,8 @@ class Ledger:
         m = self.transcript[index]
         if m.get("summary"):
             raise ValueError("a summary cannot be pinned; pin the message it replaced instead")
+        if self.journal is not None and index not in self.pinned:
+            self.journal.pin(index)
         self.pinned.add(index)
         return m
 
@@ -60,8 +69,12 @@ class Ledger:
         self._marked.update(summ)
         return len(new)
 
-    def forget(self, entries: Sequence) -> None:
-        """The swap that replaced ``entries`` succeeded: they are now offloaded (and only now)."""
+    def forget(self, entries: Sequence, summary=None) -> None:
+        """The swap that replaced ``entries`` (by the ``summary`` entry, or by nothing) succeeded: they are
+        now offloaded (and only now)."""
+        if self.journal is not None:
+            self.journal.swap([e.tidx for e in entries], None if summary is None else summary.tidx,
+                              None if summary is None else self.describe(summary.msg))
         self.offloaded.extend(e.msg for e in entries if not e.summary)
 
     def copy(self) -> List[dict]:

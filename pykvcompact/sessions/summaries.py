@@ -2,6 +2,7 @@
 replaces the history (kept user messages, carried facts, the new summary) and its tokens."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional
 
 from .. import events as ev
@@ -23,6 +24,18 @@ class SummaryMaker:
         self.summarizer, self.emit = summarizer, emit
         self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
+
+    def describe(self, msg: dict) -> Optional[dict]:
+        """What summary ``msg`` holds, for the log (JSON)."""
+        meta = self.meta.get(id(msg))
+        if meta is None:
+            return None
+        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body}
+
+    def restore(self, msg: dict, described: Optional[dict]) -> None:
+        if described:
+            self.meta[id(msg)] = SummaryMeta([Candidate(**c) for c in described.get("kept", [])],
+                                             described.get("body", ""))
 
     # ------------------------------------------------------------------ what is kept
     def _first_user(self) -> Optional[int]:

@@ -48,7 +48,7 @@ class Swap:
         if rep.msg is not None:
             entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)
         ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
-        self.ledger.forget(replaced)
+        self.ledger.forget(replaced, entry)
         expect = before + span[0] + len(rep.tokens) - span[1]
         ctx.n = len(ctx.seq)
         if ctx.n != expect:  # pragma: no cover - engine contract violated

@@ -106,7 +106,7 @@ class Turn:
         except Exception:  # noqa: BLE001 - the tokenizer is gone with the engine
             text = s._ctx.reply_text()
         s._ctx.partial = None
-        s._ledger.record({"role": "assistant", "content": text, "partial": True})
+        s._ledger.record({"role": "assistant", "content": text, "partial": True}, live=False)
 
     def close(self) -> dict:
         """The generated reply becomes a live message (the template's end-of-turn tokens appended)."""

@@ -1,0 +1,145 @@
+"""The session's write-ahead log: one JSON line per change, appended and fsynced before the change is
+acknowledged, next to the history file (``{history_dir}/{session_id}.log.jsonl``).
+
+What it records is enough to rebuild the session after the process dies at any point (SIGKILL mid
+prefill, mid summary, mid swap): every message of the transcript (``msg``), each swap that replaced live
+messages by a summary or dropped them (``swap``), pins (``pin``), the tool header (``tools``).  A
+session's records start at its ``open`` record (the policy, the tools); a new session with the same id
+starts a new ``open`` and replay reads the last one.  A line cut short by a crash is ignored: the change
+it described was never acknowledged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+FORMAT = 1
+
+
+def log_path(history_dir, session_id: str) -> Path:
+    return Path(history_dir) / f"{session_id}.log.jsonl"
+
+
+class Journal:
+    """Append-only, fsynced JSON lines.  A write that fails raises (the caller does not acknowledge)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.records = 0          # records of this session written so far (since its ``open``)
+
+    def write(self, rec: dict) -> None:
+        line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.records += 1
+
+    def open(self, *, session_id: str, history_dir: str, policy, tools, cur_tools) -> None:
+        self.records = 0
+        self.write({"op": "open", "format": FORMAT, "session_id": session_id, "history_dir": history_dir,
+                    "policy": dataclasses.asdict(policy), "tools": tools, "cur_tools": cur_tools})
+
+    def message(self, index: int, msg: dict, view: Optional[dict], live: bool) -> None:
+        rec = {"op": "msg", "i": index, "msg": msg, "live": live}
+        if view is not None:
+            rec["view"] = view
+        self.write(rec)
+
+    def swap(self, removed: List[int], summary: Optional[int], meta: Optional[dict]) -> None:
+        self.write({"op": "swap", "removed": removed, "summary": summary, "meta": meta})
+
+    def pin(self, index: int) -> None:
+        self.write({"op": "pin", "i": index})
+
+    def tools(self, cur_tools) -> None:
+        self.write({"op": "tools", "cur_tools": cur_tools})
+
+
+@dataclasses.dataclass
+class Replayed:
+    """The session a log describes (as of its last complete record)."""
+    session_id: str
+    history_dir: str
+    policy: dict
+    tools: list
+    cur_tools: Optional[list]
+    transcript: List[dict] = dataclasses.field(default_factory=list)
+    live: List[Tuple[int, Optional[dict]]] = dataclasses.field(default_factory=list)  # (index, view)
+    offloaded: List[int] = dataclasses.field(default_factory=list)
+    removed_summaries: List[int] = dataclasses.field(default_factory=list)
+    pinned: List[int] = dataclasses.field(default_factory=list)
+    metas: Dict[int, dict] = dataclasses.field(default_factory=dict)
+    records: int = 0
+
+
+def replay(path) -> Replayed:
+    """Read a log back.  Raises ``InvalidStateError`` when it is not a session log."""
+    from ..errors import InvalidStateError
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidStateError(f"cannot read the session log {str(path)!r}: {e.strerror or e}") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] != b"":
+        lines = lines[:-1]  # cut short by a crash: never acknowledged
+    recs = []
+    for k, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            recs.append(json.loads(ln))
+        except ValueError:
+            raise InvalidStateError(f"{str(path)!r} line {k + 1} is not JSON: not a pykvcompact session log, "
+                                    "or it was edited") from None
+    start = max((k for k, r in enumerate(recs) if isinstance(r, dict) and r.get("op") == "open"), default=None)
+    if start is None:
+        raise InvalidStateError(f"{str(path)!r} holds no session (no 'open' record): not a pykvcompact session log")
+    o = recs[start]
+    if o.get("format") != FORMAT:
+        raise InvalidStateError(f"{str(path)!r} has log format {o.get('format')!r}; this version reads {FORMAT}")
+    r = Replayed(o["session_id"], o["history_dir"], o["policy"], o.get("tools") or [], o.get("cur_tools"))
+    try:
+        for rec in recs[start:]:
+            _apply(r, rec)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise InvalidStateError(f"{str(path)!r} has an inconsistent record ({e!r}): it was edited or is "
+                                "not a pykvcompact session log") from None
+    r.records = len(recs) - start
+    return r
+
+
+def _apply(r: Replayed, rec: dict) -> None:
+    op = rec["op"]
+    if op == "msg":
+        if rec["i"] != len(r.transcript):
+            raise ValueError(f"message index {rec['i']} where {len(r.transcript)} was expected")
+        r.transcript.append(rec["msg"])
+        if rec.get("live", True):
+            r.live.append((rec["i"], rec.get("view")))
+    elif op == "swap":
+        removed = set(rec["removed"])
+        at = next((k for k, (i, _) in enumerate(r.live) if i in removed), len(r.live))
+        for i, _ in r.live:
+            if i in removed:
+                (r.removed_summaries if r.transcript[i].get("summary") else r.offloaded).append(i)
+        r.live = [x for x in r.live if x[0] not in removed]
+        if rec.get("summary") is not None:
+            r.live.insert(at, (rec["summary"], None))
+            if rec.get("meta") is not None:
+                r.metas[rec["summary"]] = rec["meta"]
+    elif op == "pin":
+        r.pinned.append(rec["i"])
+    elif op == "tools":
+        r.cur_tools = rec["cur_tools"]
+
+
+__all__ = ["Journal", "Replayed", "replay", "log_path"]

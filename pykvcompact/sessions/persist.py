@@ -1,0 +1,156 @@
+"""Saving and resuming a session.
+
+The log (``journal.py``) is the source of truth for what was said: every message, swap and pin, fsynced
+as it happened.  A snapshot (``Session.save``) adds what the log cannot give cheaply: where each live
+message starts in the text and tokens, and the KV state of the live sequence.  ``load`` replays the log,
+then takes the KV state from the snapshot when the snapshot is current (no record after it) and the
+engine accepts it (same model, context size, library version); otherwise it prefills the live context
+again.  Either way the resumed session holds the same transcript, live messages, pins and summaries.
+
+Snapshot file: ``MAGIC``, an 8-byte header length, the JSON header, then the sequence state blob.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Optional
+
+from .. import errors
+from ..policy import Policy
+from .context import Entry
+from .journal import Journal, log_path, replay
+from .messages import view_of
+
+MAGIC = b"PKVSESS1"
+
+
+def save_session(s, path) -> None:
+    """Write the snapshot atomically (temp file, fsync, rename): a crash leaves the old one or the new."""
+    s._check_open()
+    ctx = s._ctx
+    if ctx.partial is not None:  # pragma: no cover - a call is running (guarded by _one_call)
+        raise errors.SequenceBusyError("a reply is being generated; save after it")
+    blob, kv_note = b"", ""
+    try:
+        blob = ctx.seq.save_state()
+    except AttributeError:
+        kv_note = "the engine cannot export KV state"
+    except errors.PyKVCompactError as e:
+        kv_note = str(e)
+    header = {
+        "session_id": s.session_id, "log": os.path.abspath(s.log_path), "records": s._ledger.journal.records,
+        "n_prefix": ctx.n_prefix, "text": ctx.text, "n_tokens": len(ctx),
+        "entries": [[e.tidx, e.start_char, e.start_tok] for e in ctx.entries],
+        "kv": bool(blob), "kv_note": kv_note,
+    }
+    head = json.dumps(header, ensure_ascii=False).encode("utf-8")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + struct.pack("<Q", len(head)) + head + blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_snapshot(path: Path):
+    raw = path.read_bytes()
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
+        raise errors.InvalidStateError(f"{str(path)!r} is not a session snapshot (Session.save) nor a session "
+                                       "log (.log.jsonl)")
+    (n,) = struct.unpack("<Q", raw[len(MAGIC):len(MAGIC) + 8])
+    start = len(MAGIC) + 8
+    if start + n > len(raw):
+        raise errors.InvalidStateError(f"{str(path)!r} is cut short: load the session from its log instead")
+    try:
+        header = json.loads(raw[start:start + n])
+    except ValueError:
+        raise errors.InvalidStateError(f"{str(path)!r} has a corrupt header: load the session from its log") from None
+    return header, raw[start + n:]
+
+
+def load_session(cls, engine, path, **kwargs):
+    path = Path(path)
+    header, blob = None, b""
+    if path.suffix == ".jsonl":
+        log = path
+    else:
+        try:
+            header, blob = _read_snapshot(path)
+        except OSError as e:
+            raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+        log = Path(header["log"])
+        if not log.exists():  # moved together with the snapshot: look next to it
+            log = path.parent / log.name
+    r = replay(log)
+    journal = Journal(log)
+    journal.records = r.records
+    s = cls(engine, policy=Policy(**r.policy), session_id=r.session_id, history_dir=r.history_dir,
+            tools=r.tools or None, _resume=journal, **kwargs)
+    try:
+        _restore(s, r)
+        s.resumed = _restore_context(s, r, header, blob)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def _restore(s, r) -> None:
+    led = s._ledger
+    led.transcript = list(r.transcript)
+    led.offloaded = [r.transcript[i] for i in sorted(r.offloaded)]
+    led._written = set(r.offloaded)
+    led._marked = set(r.removed_summaries)
+    led.pinned = set(r.pinned) | {i for i, m in enumerate(r.transcript) if m.get("pinned")}
+    led.history.blocks = 1 if led.history.path.exists() else 0
+    for i, described in r.metas.items():
+        s._maker.restore(r.transcript[i], described)
+    if r.cur_tools != s._cur_tools:
+        s._cur_tools = s._ctx.tools = r.cur_tools
+
+
+def _restore_context(s, r, header: Optional[dict], blob: bytes) -> dict:
+    """The live context: from the snapshot's KV state when it describes this log, else prefilled."""
+    ctx = s._ctx
+    live = [(i, v if v is not None else view_of(r.transcript[i])) for i, v in r.live]
+    n_prefix = 1 if live and r.transcript[live[0][0]].get("role") == "system" else 0
+    why = _kv_usable(header, r, live)
+    if not why:
+        try:
+            seq = s.engine.load_sequence(blob)
+        except (errors.PyKVCompactError, AttributeError) as e:
+            why = f"the KV state was not loaded ({e})"
+        else:
+            ctx.entries = [Entry(r.transcript[i], v, i, bool(r.transcript[i].get("summary")), c, t)
+                           for (i, v), (_, c, t) in zip(live, header["entries"])]
+            ctx.text, ctx.n_prefix = header["text"], n_prefix
+            ctx.replace_sequence(seq)
+            if seq.tokens == ctx.tok(ctx.render()):
+                return {"kv": True, "reason": "", "tokens": len(ctx)}
+            why = "the loaded KV state does not match the rendered messages"
+            ctx.entries, ctx.text = [], ""
+            ctx.replace_sequence(s.engine.sequence())
+    for i, v in live:  # prefill again, message by message (as they were added)
+        ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
+    ctx.n_prefix = n_prefix
+    ctx.prefilled = 0
+    return {"kv": False, "reason": why, "tokens": len(ctx)}
+
+
+def _kv_usable(header: Optional[dict], r, live) -> str:
+    """Why the snapshot's KV state cannot be used ("" when it can)."""
+    if header is None:
+        return "loaded from the log (no snapshot)"
+    if header.get("records") != r.records:
+        return "the log has records after the snapshot"
+    if not header.get("kv"):
+        return f"the snapshot has no KV state ({header.get('kv_note') or 'not saved'})"
+    if [e[0] for e in header.get("entries", [])] != [i for i, _ in live]:
+        return "the snapshot's live messages differ from the log's"
+    return ""
+
+
+__all__ = ["save_session", "load_session", "MAGIC", "log_path"]
