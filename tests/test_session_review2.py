@@ -157,7 +157,7 @@ def test_a_large_turn_seen_a_while_ago_still_gets_room_from_one_swap(tmp_path):
     largest, short = 0, []
     for i in range(40):
         n0 = len(s.events)
-        s.chat(f"u{i} " + words(200 if i % 6 == 0 else 60, f"c{i}_"), max_tokens=8)
+        s.chat(f"u{i} " + words(150 if i % 6 == 0 else 60, f"c{i}_"), max_tokens=8)
         for e in s.events[n0:]:
             if isinstance(e, pk.events.Rebased) and e.tokens_after + largest > s.window - 24:
                 short.append((i, e.tokens_after, largest))

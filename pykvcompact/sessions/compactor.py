@@ -205,6 +205,7 @@ class Compactor:
             self._skip("no_gain", trigger)
             return None
         info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
+        self._history_changed()
         self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
         self.worst_stall_ms = max(self.worst_stall_ms, stall)
@@ -214,6 +215,10 @@ class Compactor:
                        worst_stall_ms=self.worst_stall_ms)
         self.emit(e)
         return e
+
+    def _history_changed(self) -> None:
+        """A swap replaced the history: what was learnt about the old one (no gain) is void."""
+        self.no_gain_until = -1
 
     def drop(self, need: int, reason: str) -> bool:
         """Context shift: drop the oldest turns after the system prompt (offloaded first)."""
@@ -234,6 +239,7 @@ class Compactor:
         can_shift = ctx.engine.capabilities.get("can_shift") and self.policy.mode == "none"
         info = self.swap.run(Replacement(m, None, None, "", []), reason=f"context shift ({reason})",
                              mode="splice" if can_shift else None)
+        self._history_changed()
         self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
         self.worst_stall_ms = max(self.worst_stall_ms, stall)
@@ -325,7 +331,9 @@ class Compactor:
         tail, edge = len(self.ctx) - p.mark_tok, self.lim.window - self.margin
         why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
                             tail_tokens=tail, overhead=0)
-        turn = self.meter.rates().peak_turn_tokens  # the largest turn of a longer memory: one swap must do
+        # the largest turn of a longer memory (one swap must make room for it), up to a third of the
+        # window: room for a larger one would mean summarizing everything, restarting after every message
+        turn = min(self.meter.rates().peak_turn_tokens, self.lim.window // 3)
         if not why and turn and p.prefix_tok + summary + tail + turn > edge:
             why = "tail_outgrew_window"  # committing it would not leave room for the next turn
         # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
@@ -336,6 +344,7 @@ class Compactor:
         if why == "tail_outgrew_window":
             if p.prefix_tok + summary + new_tail + turn > edge:
                 return  # a later cut would not leave room either
+
         elif needs_restart(self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
                            prefix_tokens=p.prefix_tok, tail_tokens=new_tail, overhead=0):
             return
