@@ -350,6 +350,7 @@ class Session:
             yield
         finally:
             self._busy = False
+            self._compactor.call_tidx = None
 
     def _run_call(self, messages, max_tokens, tools, sampling, streaming):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -359,6 +360,7 @@ class Session:
         new_tools = self._effective_tools(tools)
         self._pending.clear()
         self._n_calls += 1
+        self._compactor.call_tidx = len(self._ledger.transcript)  # its messages stay raw until answered
         ctx = self._ctx
         ctx.prefilled = 0
         t0, completion_tokens = time.perf_counter(), 0

@@ -25,21 +25,37 @@ class Compactor:
         self.prep: Optional[Preparation] = None
         self.meter = sch.RateMeter()
         self.no_gain_until = -1          # live size below which a summary is known to gain nothing
+        self.last_skip = ""              # why the latest compaction was skipped
+        self.call_tidx: Optional[int] = None   # transcript index of the running call's first message
         self.worst_stall_ms = 0.0
         self.margin = policy.chunk_tokens + 8
         self.fork_cells: Optional[int] = None   # cells reserved beyond the window (set by the session)
         ctx.on_truncate = self._on_truncate
 
     # ------------------------------------------------------------------ helpers
-    def _mark(self, loose: bool = False, keep_recent: Optional[int] = None) -> Optional[int]:
+    def _mark(self, loose: bool = False, keep_recent: Optional[int] = None, floor: bool = True) -> Optional[int]:
         """The cut to summarize up to.  ``loose`` (the limit is here, or the user asked): when no cut leaves
         ``keep_recent`` raw and covers ``min_span``, rather cut later (a span worth summarizing) than
-        summarize a few tokens for no gain."""
-        keep = self.lim.keep_recent if keep_recent is None else keep_recent
+        summarize a few tokens for no gain.  ``floor``: never after the running call's first message (the
+        model is about to answer those messages); only a full window (``floor=False``) cuts into them."""
+        least = self._call_tail() if floor else 0
+        keep = max(least, self.lim.keep_recent if keep_recent is None else keep_recent)
         m = self.ctx.choose_mark(keep, self.lim.min_span)
         if m is None and loose:
-            m = self.ctx.choose_mark(0, self.lim.min_span) or self.ctx.choose_mark(keep, 1)
+            m = self.ctx.choose_mark(least, self.lim.min_span) or self.ctx.choose_mark(keep, 1)
         return m
+
+    def _call_tail(self) -> int:
+        """Live tokens from the running call's first message on (0 when no call runs or none is in yet)."""
+        if self.call_tidx is None:
+            return 0
+        start = None
+        for e in self.ctx.entries:
+            if e.start_tok is not None:
+                start = e.start_tok  # the last token boundary at or before the call's first message
+            if e.tidx >= self.call_tidx and not e.summary:
+                return len(self.ctx) - start if start is not None else 0
+        return 0
 
     def _room_for(self, n: int) -> bool:
         """Room for ``n`` more cells: in the pool, and within the cells this session reserved for forks
@@ -91,12 +107,15 @@ class Compactor:
                 after = after_fn()
         if not drop:
             return after <= self.lim.window
-        if after > self.lim.window and self.policy.mode != "none" and self._mark(True, 0) is not None:
+        if after > self.lim.window and self.policy.mode != "none" and self._mark(True, 0, floor=False) is not None:
             # keep_recent cannot stay raw this time: summarize up to the newest cut rather than drop turns
-            self.compact("window_full", edge=True)
+            if self.compact("window_full", edge=True) is None and self.last_skip == "no_gain" and not self.maker.tight:
+                self.maker.tight = True  # the messages a summary keeps verbatim left no gain: summarize them too
+                self.compact("window_full", edge=True)
             after = after_fn()
         if after > self.lim.window:
-            self.drop(after - self.lim.window, "truncation" if self.policy.mode == "none" else "no_cut_point")
+            why = "truncation" if self.policy.mode == "none" else ("no_gain" if self.last_skip == "no_gain" else "no_cut_point")
+            self.drop(after - self.lim.window, why)
             after = after_fn()
         return after <= self.lim.window
 
@@ -107,11 +126,13 @@ class Compactor:
         return self._sync(trigger, instructions)
 
     def _skip(self, reason: str, trigger: str) -> None:
+        self.last_skip = reason
         self.emit(ev.CompactionSkipped(reason, trigger, len(self.ctx) / self.lim.window))
 
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
-        mark = self._mark(trigger in LOOSE, 0 if trigger == "window_full" else None)
+        wf = trigger == "window_full"
+        mark = self._mark(trigger in LOOSE, 0 if wf else None, floor=not wf)
         if mark is None:
             self._skip("no_cut_point", trigger)
             return None
@@ -135,8 +156,9 @@ class Compactor:
         if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
             self.cancel("window_full")
             p = None
+        wf = trigger == "window_full"
         if p is None and not self.start(trigger, instructions, loose=trigger in LOOSE or edge,
-                                        keep_recent=0 if trigger == "window_full" else None):
+                                        keep_recent=0 if wf else None, floor=not wf):
             self._skip("no_cut_point", trigger)
             return None
         p = self.prep
@@ -217,8 +239,9 @@ class Compactor:
         return e
 
     def _history_changed(self) -> None:
-        """A swap replaced the history: what was learnt about the old one (no gain) is void."""
+        """A swap replaced the history: what was learnt about the old one (no gain, a tight summary) is void."""
         self.no_gain_until = -1
+        self.last_skip, self.maker.tight = "", False
 
     def drop(self, need: int, reason: str) -> bool:
         """Context shift: drop the oldest turns after the system prompt (offloaded first)."""
@@ -249,8 +272,8 @@ class Compactor:
 
     # ------------------------------------------------------------------ the background preparation
     def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
-              keep_recent: Optional[int] = None) -> bool:
-        mark = self._mark(loose, keep_recent)
+              keep_recent: Optional[int] = None, floor: bool = True) -> bool:
+        mark = self._mark(loose, keep_recent, floor)
         if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
             return False
         ctx = self.ctx

@@ -24,6 +24,7 @@ class SummaryMaker:
         self.summarizer, self.emit = summarizer, emit
         self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
+        self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
@@ -56,7 +57,10 @@ class SummaryMaker:
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
                                        self.ledger.is_pinned(e.tidx), e.tidx == first))
         cands.extend(self._pinned_elsewhere(cands))
-        kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
+        if self.tight:
+            kept, overflow = plan_kept(cands, 0, must_limit=0)
+        else:
+            kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
         return kept, overflow, "\n".join(c for c in carried if c.strip())
 
     def _pinned_elsewhere(self, cands) -> List[Candidate]:
