@@ -72,12 +72,26 @@ def test_least_recently_used_session_is_offloaded_and_comes_back(float_engine, t
         assert [m["content"] for m in saved["seen"]][-2:] == ["Hello from a.", first[0]]
         assert any(e["event"] == "session_offloaded" for e in a["events"])
         assert sum(1 for s in http.get("/sessions").json()["data"] if s["live"]) == 2
-        # a returns: re-prefilled from its messages, the request is served, not refused
+        assert a["events"][-1].get("snapshot")  # the offload saved the session with its KV state
+        # a returns from its snapshot: its KV state loaded, only the new message prefilled
         r = c.chat.completions.create(model="local", user="a", max_tokens=8, temperature=0, messages=[
             {"role": "system", "content": "You are concise."}, {"role": "user", "content": "Hello from a."},
             {"role": "assistant", "content": first[0]}, {"role": "user", "content": "Again."}])
         assert r.choices[0].finish_reason in ("stop", "length")
-        assert http.get("/sessions/a").json()["live"] is True
+        a = http.get("/sessions/a").json()
+        assert a["live"] is True
+        restored = [e for e in a["events"] if e["event"] == "session_restored"]
+        assert restored and restored[-1]["kv"] is True, a["events"]
+        assert r.usage.prompt_tokens_details.cached_tokens > 0
+        assert r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens < 20
+        # and it answers as the same conversation never offloaded does (greedy, float model)
+        r2 = c.chat.completions.create(model="local", user="a2", max_tokens=16, temperature=0, messages=[
+            {"role": "system", "content": "You are concise."}, {"role": "user", "content": "Hello from a."}])
+        r3 = c.chat.completions.create(model="local", user="a2", max_tokens=8, temperature=0, messages=[
+            {"role": "system", "content": "You are concise."}, {"role": "user", "content": "Hello from a."},
+            {"role": "assistant", "content": r2.choices[0].message.content}, {"role": "user", "content": "Again."}])
+        assert r2.choices[0].message.content == first[0]
+        assert r3.choices[0].message.content == r.choices[0].message.content
 
 
 def test_prefix_match_continues_the_same_session(float_engine, tmp_path):

@@ -21,6 +21,7 @@ class Conversation:
         self.reserved = False               # a session is being created for it
         self.past_events: List[dict] = []   # events of the sessions it had before this one
         self.offload_path: Optional[str] = None
+        self.snapshot_path: Optional[str] = None  # Session.save of the offloaded session (its KV state)
         self.history_path: Optional[str] = None
         self.generated_tokens = 0
         self.generating_s = 0.0
@@ -41,8 +42,9 @@ class Conversation:
         self.seen, self.keys = [], []
 
     def retire(self, reason: str, save_dir: Optional[str] = None) -> None:
-        """Close the live session, keeping its events; with ``save_dir``, its transcript is written there
-        first (an offload: the conversation re-prefills from ``seen`` when it comes back)."""
+        """Close the live session, keeping its events; with ``save_dir``, its transcript and a snapshot
+        (``Session.save``) are written there first (an offload: the conversation comes back from the
+        snapshot, or re-prefills from ``seen`` when the snapshot cannot be used)."""
         s = self.session
         if s is None:
             return
@@ -57,6 +59,14 @@ class Conversation:
             os.replace(tmp, path)
             self.offload_path = path
             event.update(event="session_offloaded", path=path)
+            try:
+                snap = os.path.join(save_dir, f"{self.id}.pkv")
+                s.save(snap)
+                self.snapshot_path = event["snapshot"] = snap
+            except Exception as e:  # noqa: BLE001 - without a snapshot it comes back by re-prefilling
+                self.snapshot_path, event["snapshot_error"] = None, f"{type(e).__name__}: {e}"
+        else:
+            self.snapshot_path = None
         self.past_events.append(event)
         self.session = None
         s.close()

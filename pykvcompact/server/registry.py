@@ -1,6 +1,7 @@
 """Conversations sharing one engine: recognised by id or by message prefix, each with its own lock;
 when sessions would outgrow the engine's sequences or cells, the least recently used idle one is
-offloaded (closed, transcript saved) and comes back by re-prefilling."""
+offloaded (snapshot and transcript saved, then closed) and comes back from its snapshot (its KV state
+loaded, no prefill), or by re-prefilling when the snapshot cannot be used."""
 from __future__ import annotations
 
 import threading
@@ -27,10 +28,11 @@ class SessionRegistry:
     """``make_session(conversation_id, system)`` opens a ``Session``; ``capacity`` live sessions at most."""
 
     def __init__(self, make_session: Callable[[str, Optional[str]], object], capacity: int, offload_dir: str,
-                 wait_s: float = 600.0):
+                 wait_s: float = 600.0, load_session: Optional[Callable[[str], object]] = None):
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self._make = make_session
+        self._load = load_session
         self.capacity = capacity
         self.offload_dir = offload_dir
         self.wait_s = wait_s
@@ -97,11 +99,31 @@ class SessionRegistry:
     def open_session(self, conv: Conversation, system: Optional[str]) -> None:
         """Give ``conv`` (locked by the caller) a new session, offloading idle ones to make room."""
         conv.retire("rebuilt")
+        self._open(conv, lambda: self._make(conv.id, system))
+
+    def restore_session(self, conv: Conversation) -> bool:
+        """Bring an offloaded ``conv`` back from its snapshot; False when it cannot (the caller re-prefills)."""
+        path = conv.snapshot_path
+        if self._load is None or not path or conv.live:
+            return False
+        try:
+            self._open(conv, lambda: self._load(path))
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unusable snapshot: rebuild from the client's messages
+            conv.past_events.append({"event": "session_restore_failed", "t": time.time(), "path": path,
+                                     "error": f"{type(exc).__name__}: {exc}"})
+            return False
+        conv.past_events.append({"event": "session_restored", "t": time.time(), "path": path,
+                                 **getattr(conv.session, "resumed", {})})
+        return True
+
+    def _open(self, conv: Conversation, make: Callable[[], object]) -> None:
         self._reserve(conv)
         try:
             for _ in range(self.capacity + 1):
                 try:
-                    conv.session = self._make(conv.id, system)
+                    conv.session = make()
                     conv.history_path = conv.session.history_path
                     return
                 except Exception as exc:  # noqa: BLE001 - only resource errors are retried

@@ -74,7 +74,8 @@ def build(config: ServerConfig, engine=None):
             engine.close()
         raise
 
-    registry = SessionRegistry(make_session, capacity, offload_dir=os.path.join(config.history_dir, "offloaded"))
+    registry = SessionRegistry(make_session, capacity, offload_dir=os.path.join(config.history_dir, "offloaded"),
+                               load_session=lambda path: Session.load(engine, path))
     return create_app(engine, registry, config), engine, registry
 
 

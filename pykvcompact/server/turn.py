@@ -70,7 +70,7 @@ class Turn:
     def _new_messages(self) -> List[dict]:
         """Open a session if needed; the messages the session has not seen yet."""
         conv = self.conv
-        if conv.live and conv.keys and is_prefix(conv.keys, self.keys):
+        if conv.keys and is_prefix(conv.keys, self.keys) and (conv.live or self.registry.restore_session(conv)):
             return self.messages[len(conv.seen):]
         system = self.messages[0]["content"] if self.messages[0]["role"] == "system" else None
         self.registry.open_session(conv, system)
