@@ -113,11 +113,13 @@ private:
     CellLedger ledger_;
     llama_batch batch_{};
     std::vector<RowKind> row_kind_;
-    // Per sequence touched by this batch, its state before the batch. The logits are kept only where
-    // a rolled-back sequence could not compute them again (recurrent and hybrid memories).
+    // Per sequence touched by this batch, its state before the batch, next-token logits included: a
+    // rollback restores them (else a step whose first try always fails would only ever re-decode them:
+    // a livelock; recurrent and hybrid memories could not re-decode them at all).
     struct RollbackPoint {
         size_t tokens, cells;
         std::vector<float> logits;
+        bool had_logits = false;
     };
     std::map<uint64_t, RollbackPoint> rollback_;
     bool can_redecode_;

@@ -284,15 +284,25 @@ class Session:
         ctx = self._ctx
         if check_room and not from_partial:
             self._make_room(lambda: ctx.measure(ctx.render(ctx.views() + [view])))
-        tidx = len(self._ledger.transcript)
+        led = self._ledger
+        tidx = len(led.transcript)
         own_view = None if view == view_of(msg) else view  # the log keeps a view it cannot recompute
+        if from_partial:  # the reply's tokens are in the sequence already: it is live, whatever fails next
+            try:
+                entry = ctx.add(msg, view, tidx, from_partial=True)
+            finally:
+                try:
+                    led.log(msg, own_view)  # a write error: the call fails, the reply stays live
+                finally:
+                    led.record(msg, log=False)
+            return entry
+        led.log(msg, own_view)  # durable first: if the log cannot be written, nothing has changed
         try:
-            entry = ctx.add(msg, view, tidx, from_partial=from_partial)
+            entry = ctx.add(msg, view, tidx)
         except BaseException:
-            if from_partial:  # the reply is live (its tokens are in the sequence): record it
-                self._ledger.record(msg, own_view)
+            led.unlog(tidx)
             raise
-        self._ledger.record(msg, own_view)
+        led.record(msg)
         return entry
 
     def _run_tool(self, call: dict) -> dict:

@@ -242,6 +242,27 @@ def test_failed_redecode_keeps_every_token(engine):
     ref.close()
 
 
+def test_a_generation_advances_while_every_mixed_step_fails_first(engine):
+    """Every batch of 3+ rows fails (a persistent fault under a background prefill): each step's first try
+    (generation row + background rows) fails and its retry holds the generation row alone.  The
+    rollback used to drop the generation's logits, so the retry only re-decoded its last token, step
+    after step, forever (a livelock that hung a Session under injected faults); now it samples."""
+    fg = engine.sequence(text_tokens(engine, 20))
+    ref_fg = engine.sequence(text_tokens(engine, 20))
+    expected = ref_fg.generate(12)
+    bg = engine.sequence(text_tokens(engine, 20, seed=6))
+    bg_job = bg.append_background(text_tokens(engine, 400, seed=7))
+    engine._n.inject_decode_failures(10 ** 6, 1, 3)
+    try:
+        job = fg._start_generate(12, 0.0, 1.0, None, (), None, 0)
+        assert job.result(timeout=60) == expected  # (a TimeoutError here was the livelock)
+    finally:
+        engine._n.inject_decode_failures(0, 0)
+    bg_job.cancel()
+    for s in (fg, bg, ref_fg):
+        s.close()
+
+
 def test_a_failed_decode_is_retried_without_background_rows(engine):
     fg = engine.sequence(text_tokens(engine, 20))
     bg = engine.sequence(text_tokens(engine, 20, seed=6))

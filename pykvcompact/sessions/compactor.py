@@ -36,8 +36,9 @@ class Compactor:
     def _mark(self, loose: bool = False, keep_recent: Optional[int] = None, floor: bool = True) -> Optional[int]:
         """The cut to summarize up to.  ``loose`` (the limit is here, or the user asked): when no cut leaves
         ``keep_recent`` raw and covers ``min_span``, rather cut later (a span worth summarizing) than
-        summarize a few tokens for no gain.  ``floor``: never after the running call's first message (the
-        model is about to answer those messages); only a full window (``floor=False``) cuts into them."""
+        summarize a few tokens for no gain.  ``floor``: never after the running call's first message until
+        its reply begins (the model is about to answer those messages); only a full window
+        (``floor=False``) cuts into them."""
         least = self._call_tail() if floor else 0
         keep = max(least, self.lim.keep_recent if keep_recent is None else keep_recent)
         m = self.ctx.choose_mark(keep, self.lim.min_span)

@@ -3,7 +3,8 @@ acknowledged, next to the history file (``{history_dir}/{session_id}.log.jsonl``
 
 What it records is enough to rebuild the session after the process dies at any point (SIGKILL mid
 prefill, mid summary, mid swap): every message of the transcript (``msg``), each swap that replaced live
-messages by a summary or dropped them (``swap``), pins (``pin``), the tool header (``tools``).  A
+messages by a summary or dropped them (``swap``), pins (``pin``), the tool header (``tools``), and a
+message logged and then refused by the context (``undo``).  A
 session's records start at its ``open`` record (the policy, the tools); a new session with the same id
 starts a new ``open`` and replay reads the last one.  A line cut short by a crash is ignored: the change
 it described was never acknowledged.
@@ -32,15 +33,19 @@ class Journal:
 
     def write(self, rec: dict) -> None:
         line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise type(e)(e.errno, f"cannot write the session log {str(self.path)!r} ({e.strerror or e}): "
+                                   "nothing was changed; free space or fix the directory and retry") from None
         self.records += 1
 
     def open(self, *, session_id: str, history_dir: str, policy, tools, cur_tools) -> None:
@@ -56,6 +61,9 @@ class Journal:
 
     def swap(self, removed: List[int], summary: Optional[int], meta: Optional[dict]) -> None:
         self.write({"op": "swap", "removed": removed, "summary": summary, "meta": meta})
+
+    def undo(self, index: int) -> None:
+        self.write({"op": "undo", "i": index})
 
     def pin(self, index: int) -> None:
         self.write({"op": "pin", "i": index})
@@ -136,6 +144,11 @@ def _apply(r: Replayed, rec: dict) -> None:
             r.live.insert(at, (rec["summary"], None))
             if rec.get("meta") is not None:
                 r.metas[rec["summary"]] = rec["meta"]
+    elif op == "undo":  # the last message was logged, then refused by the context
+        if rec["i"] != len(r.transcript) - 1:
+            raise ValueError(f"undo of message {rec['i']}, the last one is {len(r.transcript) - 1}")
+        r.transcript.pop()
+        r.live = [x for x in r.live if x[0] != rec["i"]]
     elif op == "pin":
         r.pinned.append(rec["i"])
     elif op == "tools":

@@ -21,19 +21,38 @@ class Ledger:
         self._marked: Set[int] = set()       # summaries already marked as replaced
         self.pinned: Set[int] = set()        # transcript indices kept verbatim in every compaction
         self.journal = None                  # the write-ahead log (sessions/journal.py), when there is one
+        self._logged: Optional[int] = None   # index of the message :meth:`log` wrote, not yet recorded
         self.describe: Callable[[dict], Optional[dict]] = lambda msg: None  # a summary's kept messages
 
     @property
     def path(self) -> str:
         return str(self.history.path)
 
-    def record(self, msg: dict, view: Optional[dict] = None, live: bool = True) -> int:
-        """Add ``msg`` to the transcript (the log first, fsynced); returns its index.  ``live``: it is in
-        the live context now (a summary goes live with its swap); ``view``: what the template saw of it,
-        when that is not ``view_of(msg)``."""
-        i = len(self.transcript)
+    def log(self, msg: dict, view: Optional[dict] = None, live: bool = True) -> None:
+        """Write the next message to the log (fsynced) before it changes anything.  ``live``: it goes into
+        the live context (a summary goes live with its swap); ``view``: what the template sees of it, when
+        that is not ``view_of(msg)``.  Raises ``OSError`` when the log cannot be written."""
         if self.journal is not None:
-            self.journal.message(i, msg, view, live and not msg.get("summary"))
+            self.journal.message(len(self.transcript), msg, view, live and not msg.get("summary"))
+        self._logged = len(self.transcript)
+
+    def unlog(self, index: int) -> None:
+        """The message logged as ``index`` did not make it (the context refused it)."""
+        self._logged = None
+        if self.journal is not None:
+            try:
+                self.journal.undo(index)
+            except OSError:
+                pass  # replay then holds a message never acknowledged: allowed (the one in flight)
+
+    def record(self, msg: dict, view: Optional[dict] = None, live: bool = True, log: bool = True) -> int:
+        """Add ``msg`` to the transcript (logged first unless :meth:`log` just did, or ``log`` is False:
+        it is live already and must be in the transcript even if the log cannot be written); returns its
+        index."""
+        i = len(self.transcript)
+        if log and self._logged != i:
+            self.log(msg, view, live)
+        self._logged = None
         self.transcript.append(msg)
         if msg.get("pinned"):
             self.pinned.add(i)
@@ -73,8 +92,11 @@ class Ledger:
         """The swap that replaced ``entries`` (by the ``summary`` entry, or by nothing) succeeded: they are
         now offloaded (and only now)."""
         if self.journal is not None:
-            self.journal.swap([e.tidx for e in entries], None if summary is None else summary.tidx,
-                              None if summary is None else self.describe(summary.msg))
+            try:
+                self.journal.swap([e.tidx for e in entries], None if summary is None else summary.tidx,
+                                  None if summary is None else self.describe(summary.msg))
+            except OSError:
+                pass  # the swap is done; a replay without its record rebuilds the longer context: nothing lost
         self.offloaded.extend(e.msg for e in entries if not e.summary)
 
     def copy(self) -> List[dict]:

@@ -42,8 +42,15 @@ class Swap:
         span = ctx.span(rep.mark)
         before = len(ctx)
         self.ledger.offload(replaced, reason)                                   # (1)
+        if rep.msg is not None:
+            self.ledger.log(rep.msg, live=False)  # the summary is durable before anything changes
         t0 = time.perf_counter()
-        info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
+        try:
+            info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
+        except BaseException:
+            if rep.msg is not None:
+                self.ledger.unlog(len(self.ledger.transcript))
+            raise
         entry = None                                                            # (3)
         if rep.msg is not None:
             entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)

@@ -23,6 +23,7 @@ class Turn:
         s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
         yield from s._drain()  # before the reply begins: a stream closed here leaves no reply half-open
         p = ctx.begin_reply()
+        s._compactor.call_tidx = None  # the model has read the call's messages: they may be summarized now
         shown, completed = 0, False
         try:
             while len(p.tokens) < self.max_tokens:
