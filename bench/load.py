@@ -38,6 +38,15 @@ def percentile(xs: List[float], q: float) -> float:
     return xs[k]
 
 
+def first_difference(a: List[str], b: List[str]) -> dict:
+    """Where two runs of one conversation part: the turn and the common text before it (a near-tie
+    split shows as a late turn after a long common prefix; a leak as an early, unrelated reply)."""
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    x, y = (a[k] if k < len(a) else ""), (b[k] if k < len(b) else "")
+    common = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    return {"turn": k, "common_chars": common, "alone": x, "under_load": y}
+
+
 def conversation(http: httpx.Client, cid: str, turns: int, offset: int, max_tokens: int) -> dict:
     """One agent conversation; its replies, latencies and the events the server reported."""
     msgs = [{"role": "system", "content": SYSTEM}]
@@ -96,8 +105,11 @@ def run(engine, *, conversations: int = 8, turns: int = 10, window: int = 512, m
         t0 = time.perf_counter()
         for t in threads:
             t.start()
+        # A conversation is bounded by its requests' timeouts (turns x timeout_s): one still running after
+        # that is hung. (A join of timeout_s each counted slow conversations on a loaded CPU as hung.)
+        deadline = t0 + turns * timeout_s + 60.0
         for t in threads:
-            t.join(timeout=timeout_s)
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
         load_s = time.perf_counter() - t0
         hung = sum(t.is_alive() for t in threads)
         for cid in ids:
@@ -109,7 +121,10 @@ def run(engine, *, conversations: int = 8, turns: int = 10, window: int = 512, m
     return {
         "conversations": conversations, "turns": turns, "window": window, "mode": mode, "max_tokens": max_tokens,
         "errors": errors, "hung": hung,
-        "equal_to_alone": len(equal), "differing": [cid for cid in ids if cid not in equal],
+        "equal_to_alone": len(equal),
+        "differing": {cid: first_difference(alone[cid]["replies"], together[cid]["replies"])
+                      for cid in ids if cid in together and cid not in equal},
+        "unfinished": [cid for cid in ids if cid not in together],
         "requests": len(lat_load),
         "latency_ms_alone": {"p50": round(statistics.median(lat_alone), 1), "p99": round(percentile(lat_alone, 0.99), 1)},
         "latency_ms_load": ({"p50": round(statistics.median(lat_load), 1), "p99": round(percentile(lat_load, 0.99), 1)}

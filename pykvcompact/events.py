@@ -94,6 +94,8 @@ class Rebased(Event):
     wait_ms: float = 0.0           # time spent waiting for an unfinished summary (at most max_stall_ms)
     fallback: bool = False         # the deterministic fallback summary was used
     worst_stall_ms: float = 0.0    # the session's worst stall so far, this one included
+    summary_tokens: int = 0        # tokens of the summary message that replaced the history
+    kept_tokens: int = 0           # of which: messages carried verbatim (the user's, pinned ones)
     t: float = field(default_factory=time.time)
     name = "rebased"
 

@@ -55,6 +55,9 @@ def summarize(results: List[dict]) -> dict:
         "compactions_at_boundary": sum(c["phase"] == "boundary" for c in comps),
         "compactions_mid": sum(c["phase"] == "mid" for c in comps),
         "compaction_fill_mean": _mean([c["fill"] for c in comps]),
+        # the cost of keeping the user's messages verbatim: tokens per rebased context (issue 12)
+        "summary_tokens_mean": _mean([c.get("summary_tokens", 0) for c in comps if c["kind"] == "rebased"]),
+        "kept_tokens_mean": _mean([c.get("kept_tokens", 0) for c in comps if c["kind"] == "rebased"]),
         "summaries": sum(len(r["summaries"]) for r in results),
         "fact_recall_mean": _mean(recalls),
         "stalls_ms_max": max(stalls) if stalls else None,

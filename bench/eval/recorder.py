@@ -53,7 +53,9 @@ class Recorder:
                 self.compactions.append({"step": step, "phase": self.phase(at), "fill": round(fill, 4),
                                          "trigger": trig, "kind": e.name,
                                          "stall_ms": getattr(e, "stall_ms", 0.0),
-                                         "fallback": bool(getattr(e, "fallback", False))})
+                                         "fallback": bool(getattr(e, "fallback", False)),
+                                         "summary_tokens": getattr(e, "summary_tokens", 0),
+                                         "kept_tokens": getattr(e, "kept_tokens", 0)})
                 if e.name == "rebased":
                     self.stalls_ms.append(e.stall_ms)
         self._read_summaries(session)

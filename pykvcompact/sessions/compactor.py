@@ -235,7 +235,8 @@ class Compactor:
         e = ev.Rebased(info.get("mode", self.policy.rebase), info["tokens_before"], info["tokens_after"], stall,
                        int(info.get("catch_up_tokens", 0)), trigger=trigger, prepared=prepared,
                        engine_stall_ms=info.get("stall_ms"), wait_ms=wait_ms, fallback=summary.fallback,
-                       worst_stall_ms=self.worst_stall_ms)
+                       worst_stall_ms=self.worst_stall_ms, summary_tokens=len(rep.tokens),
+                       kept_tokens=self.maker.kept_tokens(rep.msg))
         self.emit(e)
         return e
 

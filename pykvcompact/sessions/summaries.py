@@ -155,6 +155,11 @@ class SummaryMaker:
         r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
         return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
 
+    def kept_tokens(self, msg) -> int:
+        """Tokens of the messages a summary message carries verbatim (the cost of keeping them)."""
+        meta = self.meta.get(id(msg))
+        return sum(c.tokens for c in meta.kept) if meta else 0
+
     def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
         return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts)
 
