@@ -14,6 +14,7 @@ from .errors import (CancelledError, ContextFullError, EngineClosedError, Engine
                      UnsupportedOperationError, InvalidStateError, StateMismatchError)
 from .jobs import Job, Rebase
 from .models import list_models, resolve_model
+from .remote import RemoteEngine, RemoteError
 
 __version__ = "0.1.0"
 
@@ -21,7 +22,7 @@ __all__ = [
     "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",
     "PyKVCompactError", "EngineError", "EngineClosedError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
     "SequenceBusyError", "UnsupportedOperationError", "CancelledError", "ModelNotFoundError", "InvalidModelError",
-    "InvalidStateError", "StateMismatchError", "LLAMA_CPP_PYTHON_VERSION",
+    "InvalidStateError", "StateMismatchError", "LLAMA_CPP_PYTHON_VERSION", "RemoteEngine", "RemoteError",
 ]
 
 # The policy layer (sessions, compaction); optional until present.

@@ -38,7 +38,8 @@ from .sessions.compactor import Compactor
 from .sessions.context import Context
 from .sessions.journal import Journal, log_path
 from .sessions.ledger import Ledger
-from .sessions.messages import ContextWindowError, check_sampling, check_tools, completion, normalize_messages, view_of
+from .sessions.messages import (ContextWindowError, check_json, check_sampling, check_tool_results, check_tools,
+                                completion, normalize_messages, view_of)
 from .sessions.port import check_engine
 from .sessions.prober import LABELS, Prober
 from .sessions.room import Room
@@ -66,6 +67,7 @@ class Session:
             raise TypeError("policy must be a pykvcompact.Policy")
         if system is not None and not isinstance(system, str):
             raise TypeError("system must be a str")
+        check_json(system, "system")
         check_engine(engine)
         self.engine, self.policy = engine, policy
         if session_id is None:
@@ -81,6 +83,10 @@ class Session:
                           "using ChatML", RuntimeWarning, stacklevel=2)
         self.summarizer = summarizer or Summarizer()
         self.rubric = _rubrics.load(policy.rubric)
+        if isinstance(labels, str) or not isinstance(labels, (list, tuple)) or len(labels) < 2 or \
+                not all(isinstance(x, str) and x for x in labels) or len(set(labels)) != len(labels):
+            raise ValueError(f"labels must be a list of at least two distinct non-empty strings, got {labels!r}")
+        check_json(list(labels), "labels")
         self.labels = tuple(labels)
         self.events: List[ev.Event] = []
         self.last_response: Optional[dict] = None
@@ -188,6 +194,7 @@ class Session:
         ``None`` when there is nothing to compact yet (a ``compaction_skipped`` event says why)."""
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError("instructions must be a str")
+        check_json(instructions, "instructions")
         with self._one_call():
             out = self._compactor.compact("manual", instructions)
         self._pending.clear()
@@ -325,6 +332,7 @@ class Session:
     # ================================================================== the main loop
     def _add_messages(self, msgs: List[dict]):
         self._check_open()
+        check_tool_results(msgs, [e.msg for e in self._ctx.entries])
         self._room.for_batch(msgs)
         yield from self._drain()
         for i, m in enumerate(msgs):

@@ -20,7 +20,7 @@ from .config import ServerConfig
 from .errors import APIError, from_exception, install_handlers
 from .registry import SessionRegistry
 from .schemas import ChatCompletionRequest
-from .streaming import sse_events
+from .streaming import open_stream
 from .turn import Turn
 
 
@@ -39,7 +39,7 @@ def _session_id(request: Request, req: ChatCompletionRequest) -> Optional[str]:
     sid = request.headers.get("x-session-id") or req.user
     if sid is not None:
         sid = sid.strip()
-        if not sid or len(sid) > 128 or not all(c.isalnum() or c in "-_.:@" for c in sid):
+        if not sid or len(sid) > 128 or not all(c.isascii() and (c.isalnum() or c in "-_.:@") for c in sid):
             raise APIError(400, "a session id must be 1-128 characters of letters, digits and -_.:@",
                            param="X-Session-Id")
     return sid
@@ -112,7 +112,7 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
             # the conversation is taken by the stream's worker; an implicit id arrives in the last chunk
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             headers = {"X-Session-Id": sid} if sid else None
-            return EventSourceResponse(sse_events(turn, include_usage), headers=headers, ping=15)
+            return EventSourceResponse(await open_stream(turn, include_usage), headers=headers, ping=15)
         body = await _run_watching(turn, request)
         if body is None:  # the client went away: the generation was stopped; nobody reads this
             return JSONResponse(APIError(499, "client closed the request", code="client_closed").body(),

@@ -2,7 +2,9 @@
 the foreground (``pykvcompact serve``) or in a thread (tests, embedding)."""
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import socket
 import threading
 from typing import Optional
@@ -13,6 +15,16 @@ from .registry import SessionRegistry
 # rough upper bounds of a session's probe and summarizer prompts, for the cell budget per session
 PROBE_PROMPT_TOKENS = 256
 SUMMARIZER_PROMPT_TOKENS = 512
+
+
+def session_id_for(conversation_id: str) -> str:
+    """The ``Session`` id (``[A-Za-z0-9._-]``, a file name) of a conversation: an id the server accepts that a
+    session does not (``user:1``, ``me@example.com``, ``.``) gets its other characters replaced and a short
+    hash of it appended, so that distinct conversations keep distinct files."""
+    if re.fullmatch(r"[A-Za-z0-9._-]{1,128}", conversation_id) and conversation_id not in (".", ".."):
+        return conversation_id
+    digest = hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return re.sub(r"[^A-Za-z0-9._-]", "_", conversation_id)[:100] + "-" + digest
 
 
 def policy_for(config: ServerConfig):
@@ -63,7 +75,7 @@ def build(config: ServerConfig, engine=None):
         engine = Engine(config.model, n_ctx=config.n_ctx, n_seq_max=n_seq_max, n_threads=config.n_threads)
 
     def make_session(conversation_id: str, system: Optional[str], history_dir: str = config.history_dir):
-        return Session(engine, system=system, policy=policy_for(config), session_id=conversation_id,
+        return Session(engine, system=system, policy=policy_for(config), session_id=session_id_for(conversation_id),
                        history_dir=history_dir)
 
     try:

@@ -56,16 +56,33 @@ def _start_worker(turn: Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Qu
     return t
 
 
-async def sse_events(turn: Turn, include_usage: bool) -> AsyncIterator[dict]:
+async def open_stream(turn: Turn, include_usage: bool) -> AsyncIterator[dict]:
+    """Start the stream's worker and wait for its first item, so that a request refused before anything is
+    generated (bad messages, a context overflow, no capacity, a busy session) gets its own HTTP status and
+    a JSON error body rather than a 200 whose first event is an error. Returns the SSE events."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
-    gate = ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools))
     _start_worker(turn, loop, queue, stop)
+    try:
+        first = await queue.get()
+    except BaseException:  # the request was cancelled (the client went away)
+        stop.set()
+        raise
+    if isinstance(first, BaseException):
+        stop.set()
+        raise first if isinstance(first, APIError) else from_exception(first)
+    return sse_events(turn, include_usage, queue, stop, first)
+
+
+async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop: threading.Event,
+                     first) -> AsyncIterator[dict]:
+    gate = ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools))
+    pending = [first]
     try:
         yield _data(_chunk(turn, {"role": "assistant", "content": ""}))
         while True:
-            item = await queue.get()
+            item = pending.pop() if pending else await queue.get()
             if item is _END:
                 break
             if isinstance(item, BaseException):

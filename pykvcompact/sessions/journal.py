@@ -114,15 +114,34 @@ def replay(path) -> Replayed:
     o = recs[start]
     if o.get("format") != FORMAT:
         raise InvalidStateError(f"{str(path)!r} has log format {o.get('format')!r}; this version reads {FORMAT}")
-    r = Replayed(o["session_id"], o["history_dir"], o["policy"], o.get("tools") or [], o.get("cur_tools"))
     try:
+        if not (isinstance(o["session_id"], str) and isinstance(o["history_dir"], str)
+                and isinstance(o["policy"], dict) and isinstance(o.get("tools") or [], list)
+                and isinstance(o.get("cur_tools") or [], list)):
+            raise TypeError("its 'open' record has fields of the wrong types")
+        r = Replayed(o["session_id"], o["history_dir"], o["policy"], o.get("tools") or [], o.get("cur_tools"))
         for rec in recs[start:]:
             _apply(r, rec)
-    except (KeyError, TypeError, ValueError, IndexError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise InvalidStateError(f"{str(path)!r} has an inconsistent record ({e!r}): it was edited or is "
                                 "not a pykvcompact session log") from None
     r.records = len(recs) - start
     return r
+
+
+def _check_msg(msg) -> None:
+    """A logged message (or view) has the shape the session gives its messages."""
+    from .messages import check_json, normalize_messages
+    if not isinstance(msg, dict):
+        raise TypeError(f"a logged message must be an object, got {type(msg).__name__}")
+    check_json(msg, "a logged message")
+    normalize_messages([{k: v for k, v in msg.items() if k not in ("summary", "pinned", "partial")}])
+
+
+def _index(r: Replayed, i) -> int:
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(r.transcript):
+        raise IndexError(f"message index {i!r} is not in the transcript")
+    return i
 
 
 def _apply(r: Replayed, rec: dict) -> None:
@@ -130,11 +149,18 @@ def _apply(r: Replayed, rec: dict) -> None:
     if op == "msg":
         if rec["i"] != len(r.transcript):
             raise ValueError(f"message index {rec['i']} where {len(r.transcript)} was expected")
+        _check_msg(rec["msg"])
+        if rec.get("view") is not None:
+            _check_msg(rec["view"])
         r.transcript.append(rec["msg"])
         if rec.get("live", True):
             r.live.append((rec["i"], rec.get("view")))
     elif op == "swap":
-        removed = set(rec["removed"])
+        removed = {_index(r, i) for i in rec["removed"]}
+        if rec.get("summary") is not None and not r.transcript[_index(r, rec["summary"])].get("summary"):
+            raise ValueError(f"swap to message {rec['summary']}, which is not a summary")
+        if rec.get("meta") is not None and not isinstance(rec["meta"], dict):
+            raise TypeError("a swap's meta must be an object")
         at = next((k for k, (i, _) in enumerate(r.live) if i in removed), len(r.live))
         for i, _ in r.live:
             if i in removed:
@@ -150,8 +176,10 @@ def _apply(r: Replayed, rec: dict) -> None:
         r.transcript.pop()
         r.live = [x for x in r.live if x[0] != rec["i"]]
     elif op == "pin":
-        r.pinned.append(rec["i"])
+        r.pinned.append(_index(r, rec["i"]))
     elif op == "tools":
+        if not isinstance(rec["cur_tools"] or [], list):
+            raise TypeError("'cur_tools' must be a list")
         r.cur_tools = rec["cur_tools"]
 
 

@@ -20,15 +20,39 @@ def view_of(msg: dict) -> dict:
     return {k: v for k, v in msg.items() if k not in SESSION_KEYS}
 
 
+def check_json(value, where: str) -> None:
+    """``value`` is JSON data (it goes to the session log and the template) whose strings are valid
+    Unicode: a lone surrogate cannot be written as UTF-8 nor tokenized."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{where} is not valid Unicode (a lone surrogate {value[e.start]!r} at "
+                             f"position {e.start})") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where} has a non-string key {k!r}")
+            check_json(k, f"{where} key {k!r}")
+            check_json(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_json(v, f"{where}[{i}]")
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise TypeError(f"{where} must be JSON data (str, number, bool, None, list, dict), "
+                        f"got {type(value).__name__}")
+
+
 def normalize_messages(x) -> List[dict]:
     if isinstance(x, str):
+        check_json(x, "the message")
         return [{"role": "user", "content": x}]
     if isinstance(x, dict):
         x = [x]
     if not isinstance(x, (list, tuple)):
         raise TypeError(f"messages must be a str, a message dict or a list of message dicts, got {type(x).__name__}")
     out = []
-    for m in x:
+    for k, m in enumerate(x):
         if isinstance(m, str):
             m = {"role": "user", "content": m}
         if not isinstance(m, dict):
@@ -36,15 +60,24 @@ def normalize_messages(x) -> List[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise ValueError(f"message role must be one of {ROLES}, got {role!r}")
+        check_json(m, f"message {k}")
         m = dict(m)
         if "pinned" in m and not isinstance(m["pinned"], bool):
             raise TypeError(f"message 'pinned' must be a bool, got {type(m['pinned']).__name__}")
+        if m.get("summary"):  # the session's mark of its own summaries: one from a caller would be lost
+            raise ValueError("message 'summary' is set by the session on the summaries it writes; a caller's "
+                             "message cannot carry it")
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise TypeError(f"message {key!r} must be a str, got {type(m[key]).__name__}")
         c = m.get("content")
         if isinstance(c, list):  # OpenAI content parts: keep the text parts
             parts = []
             for p in c:
                 if isinstance(p, dict) and p.get("type") == "text":
-                    parts.append(str(p.get("text", "")))
+                    if not isinstance(p.get("text"), str):
+                        raise TypeError("a text content part needs a str 'text'")
+                    parts.append(p["text"])
                 elif isinstance(p, str):
                     parts.append(p)
                 else:
@@ -68,6 +101,8 @@ def normalize_messages(x) -> List[dict]:
                 args = f.get("arguments", "{}")
                 if not isinstance(args, str):
                     args = json.dumps(args, ensure_ascii=False)
+                if tc.get("id") is not None and not isinstance(tc["id"], str):
+                    raise TypeError(f"a tool call id must be a str, got {type(tc['id']).__name__}")
                 calls.append({"id": tc.get("id") or f"call_{uuid.uuid4().hex[:8]}", "type": "function",
                               "function": {"name": f["name"], "arguments": args}})
             m["tool_calls"] = calls
@@ -80,6 +115,7 @@ def check_tools(tools) -> List[dict]:
         return []
     if not isinstance(tools, (list, tuple)):
         raise TypeError("tools must be a list of OpenAI tool schemas")
+    check_json(list(tools), "tools")
     out = []
     for t in tools:
         if not isinstance(t, dict):
@@ -101,7 +137,40 @@ def check_sampling(sampling: dict):
         if k not in SAMPLING:
             raise TypeError(f"unknown sampling argument {k!r}; use one of {SAMPLING}")
     stop = sampling.pop("stop", None) or ()
-    return sampling, ((stop,) if isinstance(stop, str) else tuple(stop))
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) for x in stop):
+        raise TypeError(f"stop must be a str or a list of str, got {stop!r}")
+    check_json(list(stop), "stop")
+    seed = sampling.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 64):
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return sampling, tuple(stop)
+
+
+def check_tool_results(msgs: List[dict], live: List[dict]) -> None:
+    """A tool result answers a call: it follows the assistant message that made the call (or other results
+    of it), and its ``tool_call_id``, when given, is the id of one of that message's calls.  ``live``: the
+    messages before ``msgs``."""
+    calls = None  # ids of the calls a tool result here may answer (None: no call)
+    for m in reversed(live):
+        if m.get("role") == "tool":
+            continue
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [c.get("id") for c in m["tool_calls"]]
+        break
+    for k, m in enumerate(msgs):
+        if m["role"] == "tool":
+            if calls is None:
+                raise ValueError(f"message {k}: a tool result must follow the assistant message with the tool "
+                                 "call it answers (or another result of that message)")
+            tid = m.get("tool_call_id")
+            if tid and tid not in calls:
+                raise ValueError(f"message {k}: tool_call_id {tid!r} answers no call of the assistant message "
+                                 f"before it (its call ids: {calls})")
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [c["id"] for c in m["tool_calls"]]
+        else:
+            calls = None
 
 
 
@@ -121,4 +190,4 @@ def completion(cid: str, model: str, content, tool_calls: list, finish: str, pro
 
 
 __all__ = ["ContextWindowError", "check_sampling", "normalize_messages", "check_tools", "view_of", "ROLES",
-           "completion"]
+           "completion", "check_json", "check_tool_results"]

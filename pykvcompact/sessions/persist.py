@@ -81,13 +81,20 @@ def load_session(cls, engine, path, **kwargs):
             header, blob = _read_snapshot(path)
         except OSError as e:
             raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+        if not isinstance(header, dict) or not isinstance(header.get("log"), str) or not header["log"]:
+            raise errors.InvalidStateError(f"{str(path)!r} has a corrupt header (no log path): load the session "
+                                           "from its log")
         log = Path(header["log"])
         if not log.exists():  # moved together with the snapshot: look next to it
             log = path.parent / log.name
     r = replay(log)
     journal = Journal(log)
     journal.records = r.records
-    s = cls(engine, policy=Policy(**r.policy), session_id=r.session_id, history_dir=r.history_dir,
+    try:
+        policy = Policy(**r.policy)
+    except (TypeError, ValueError) as e:
+        raise errors.InvalidStateError(f"{str(log)!r} holds a policy this version cannot use ({e})") from None
+    s = cls(engine, policy=policy, session_id=r.session_id, history_dir=r.history_dir,
             tools=r.tools or None, _resume=journal, **kwargs)
     try:
         _restore(s, r)
@@ -144,6 +151,11 @@ def _kv_usable(header: Optional[dict], r, live) -> str:
     """Why the snapshot's KV state cannot be used ("" when it can)."""
     if header is None:
         return "loaded from the log (no snapshot)"
+    entries = header.get("entries")
+    if not (isinstance(header.get("text"), str) and isinstance(entries, list)
+            and all(isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                 for x in e) for e in entries)):
+        return "the snapshot's header is corrupt"
     if header.get("records") != r.records:
         return "the log has records after the snapshot"
     if not header.get("kv"):
