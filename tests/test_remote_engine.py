@@ -51,6 +51,7 @@ class Stub:
         self.top = {"COMP": -0.5, "The": -1.5, "CON": -2.0}
         self.stream_logprobs = True  # False: a streamed probe carries none (its token was the end of generation)
         self.completions = []
+        self.auth = None            # an api key every route requires (as vLLM --api-key does)
         self.srv = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.srv.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/v1"
@@ -73,7 +74,15 @@ class Stub:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _denied(self):
+                if stub.auth and self.headers.get("Authorization") != f"Bearer {stub.auth}":
+                    self._json(401, {"error": "invalid api key"})
+                    return True
+                return False
+
             def do_GET(self):
+                if self._denied():
+                    return
                 f = stub.flavor
                 if self.path == "/v1/models":
                     return self._json(200, {"data": [dict({"id": "stub"}, **({"max_model_len": 3000} if f == "vllm" else {}))]})
@@ -84,6 +93,8 @@ class Stub:
                 self._json(404, {"detail": "Not Found"})
 
             def do_POST(self):
+                if self._denied():
+                    return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 f, p = stub.flavor, self.path
                 text = {"llama-cpp-python": "input", "llama-server": "content", "vllm": "prompt"}[f]
@@ -259,6 +270,8 @@ def test_dialects(flavor):
         assert body.get("cache_prompt") == (True if flavor == "llama-server" else None)
         assert ("guided_grammar" if flavor == "vllm" else "grammar") in body
         eng.close()
+        if flavor == "llama-cpp-python":  # its server takes text prompts only
+            return
         ids = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok(), prompt_format="ids", cache_prompt=False,
                               extra_body={"top_k": 1})
         s = ids.sequence(ids.tokenize("Q: "))
@@ -304,6 +317,94 @@ def test_probe_reads_labels_from_top_k(stub):
         assert math.isclose(seq.probe(eng.tokenize(" rubric?"))["COMPRESS"], p["COMPRESS"])
         assert [c["stream"] for c in stub.completions[n0:]] == [True, False]
         assert seq.last_probe["missing"] == [] and seq.last_probe["tokens"] == len(" rubric?")
+    finally:
+        eng.close()
+
+
+# ---------------------------------------------------------------------- review regressions (issue 11)
+class ByteTok:
+    """Byte-level ids (as byte-fallback BPE vocabularies have): a character may take several ids."""
+
+    def tokenize(self, text, add_special=False, parse_special=True):
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, tokens):
+        return bytes(tokens).decode("utf-8", errors="replace")
+
+
+def test_max_tokens_never_cuts_inside_a_character(stub):
+    stub.reply = "\u6771\u4eac\u306f\u65e5\u672c"   # 3 bytes each
+    eng = pk.RemoteEngine(stub.url, "stub", tokenizer=ByteTok())
+    try:
+        seq = eng.sequence(eng.tokenize("Q: "))
+        out = seq.generate(4)                  # the 4th byte would start the second character
+        assert eng.detokenize(out) == "\u6771" and len(out) == 3
+        assert "\ufffd" not in eng.detokenize(seq.tokens)
+        seq.generate(6)
+        assert "\ufffd" not in stub.completions[-1]["prompt"]
+        assert eng.detokenize(seq.tokens) == "Q: \u6771\u4eac\u306f"
+    finally:
+        eng.close()
+
+
+def test_a_wrong_api_key_is_reported_as_such(stub):
+    stub.flavor, stub.auth = "vllm", "secret"
+    for key in ("wrong", None):
+        with pytest.raises(RemoteHTTPError) as ei:
+            pk.RemoteEngine(stub.url, "stub", api_key=key, tokenizer=CharTok())
+        assert ei.value.status == 401 and "api_key" in str(ei.value)
+    eng = pk.RemoteEngine(stub.url, "stub", api_key="secret", tokenizer=CharTok())
+    try:
+        assert eng.dialect == "vllm" and eng.n_ctx == 3000
+    finally:
+        eng.close()
+
+
+def test_an_open_stream_makes_the_sequence_busy(stub):
+    eng = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok())
+    try:
+        seq = eng.sequence(eng.tokenize("Q: "))
+        it = seq.stream(8)
+        next(it)
+        with pytest.raises(pk.SequenceBusyError):
+            seq.append(eng.tokenize("!!"))
+        it.close()
+        seq.append(eng.tokenize("!!"))
+        assert eng.detokenize(seq.tokens) == "Q: H!!"
+    finally:
+        eng.close()
+
+
+def test_ids_prompts_are_refused_where_the_server_takes_text(stub):
+    with pytest.raises(ValueError, match="prompt_format='ids'"):
+        pk.RemoteEngine(stub.url, "stub", prompt_format="ids")
+
+
+def test_stats_count_every_request_sent(stub):
+    eng = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok())
+    try:
+        seq = eng.sequence(eng.tokenize("context"))
+        stub.stream_logprobs = False       # the probe is asked again, unstreamed: two requests
+        seq.probe(eng.tokenize(" rubric?"))
+        stub.status = (500, "boom")
+        with pytest.raises(RemoteHTTPError):
+            seq.generate(3)                # a refused request was sent all the same
+        assert eng.stats()["requests"] == len(stub.completions) == 3
+    finally:
+        eng.close()
+
+
+def test_two_sessions_share_one_remote_engine(stub, tmp_path):
+    stub.reply = "Noted."
+    eng = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok(), n_ctx=4096)
+    try:
+        policy = pk.Policy(mode="hard", window=2048, summary_max_tokens=64, compact_tool=False)
+        a = pk.Session(eng, policy=policy, history_dir=tmp_path, session_id="a")
+        b = pk.Session(eng, policy=policy, history_dir=tmp_path, session_id="b")  # each request has the whole n_ctx
+        assert a.chat("hi", max_tokens=4)["choices"][0]["message"]["content"]
+        assert b.chat("hi", max_tokens=4)["choices"][0]["message"]["content"]
+        a.close()
+        b.close()
     finally:
         eng.close()
 

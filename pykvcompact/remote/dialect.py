@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .errors import RemoteConnectionError, RemoteError, RemoteTimeoutError
+from .errors import RemoteConnectionError, RemoteError, RemoteHTTPError, RemoteTimeoutError
 
 DIALECTS = ("llama-server", "vllm", "llama-cpp-python", "openai")
 
@@ -35,6 +35,10 @@ def _try(f):
         return f()
     except (RemoteConnectionError, RemoteTimeoutError):
         raise  # the server is not there: say so, not "unknown dialect"
+    except RemoteHTTPError as e:
+        if e.status in (401, 403):
+            raise  # a wrong or missing api_key: say so, not "unknown dialect" (or a wrong one)
+        return None
     except RemoteError:
         return None
 

@@ -98,11 +98,20 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._stats = {"requests": 0, "probe_requests": 0, "warmups": 0, "commits": 0,
                        "generated_tokens": 0, "probe_labels_missing": 0, "stall_ms": [], "tokenize_calls": 0}
+        if prompt_format == "ids" and self.dialect == "llama-cpp-python":
+            self.close()
+            raise ValueError("prompt_format='ids' needs a server that takes token ids as the prompt (llama-server, "
+                             "vLLM); llama-cpp-python's server takes text: use prompt_format='text'")
 
     # ------------------------------------------------------------------ model and text
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
+
+    # Each request gets the server's whole context: sessions on one RemoteEngine do not share a cell pool
+    # here (the server's own KV is shared with all its clients and managed by its cache), so the sessions'
+    # reservations are not added up (sessions/sizing.py).
+    cells_shared = False
 
     @property
     def n_seq_max(self) -> int:

@@ -31,7 +31,7 @@ class RemoteConnectionError(RemoteError):
 class RemoteTimeoutError(RemoteError, TimeoutError):
     """No answer (or no next chunk of a stream) within the timeout."""
 
-    def __init__(self, url: str, timeout: Optional[float], what: str = "an answer"):
+    def __init__(self, url: str, timeout: Optional[float], what: str = "answer"):
         super().__init__(f"no {what} from {url} within {timeout} s (raise timeout= of RemoteEngine, or check the "
                          "server's load)", url=url)
         self.timeout = timeout

@@ -21,7 +21,8 @@ import threading
 import time
 from typing import Iterator, List, Optional, Sequence
 
-from .errors import RemoteProtocolError
+from ..errors import EngineClosedError
+from .errors import RemoteError, RemoteProtocolError
 
 MAX_ROUNDS = 8  # requests per generation (continuations included)
 
@@ -93,13 +94,16 @@ class Generation:
                     break
                 rounds += 1
                 if rounds > MAX_ROUNDS:
+                    hint = (" (llama-cpp-python's server ends a stream whenever another request arrives: start it "
+                            "with --interrupt_requests false)" if eng.dialect == "llama-cpp-python" else
+                            " (its streams ended without a finish reason or without tokens)")
                     raise RemoteProtocolError(f"{eng.http.url('/v1/completions')}: the generation did not finish in "
-                                              f"{MAX_ROUNDS} requests", url=eng.http.url("/v1/completions"))
+                                              f"{MAX_ROUNDS} requests{hint}", url=eng.http.url("/v1/completions"))
                 body = eng.completion_body(self.prompt_tokens, self.tokens, self.text + self._pending, left,
                                            self.sampling, self.grammar, stream=True)
-                stream = eng.http.stream("/v1/completions", body)
                 eng.count_request(body)
                 self.requests += 1
+                stream = eng.http.stream("/v1/completions", body)
                 with self._lock:
                     self._stream = stream
                 if self.cancelled:
@@ -135,6 +139,10 @@ class Generation:
                     continue                        # fewer ids than chunks, or an interrupted stream: go on
                 else:
                     self.finish_reason = "stop" if finish in ("stop", "eos", "eog") else str(finish)
+        except RemoteError:
+            if eng.closed:  # closed under the request (from another thread): say that, not "cannot reach"
+                raise EngineClosedError("the remote engine was closed during this generation") from None
+            raise
         finally:
             with self._lock:
                 s, self._stream = self._stream, None
@@ -164,9 +172,14 @@ class Generation:
 
     def _emit(self, cand: List[int], text: str) -> List[int]:
         room = self.max_tokens - len(self.tokens)
-        if len(cand) > room:  # the text tokenized into more ids than asked: keep exactly max_tokens
+        if len(cand) > room:  # the text tokenized into more ids than asked: keep at most max_tokens
             cand = cand[:max(0, room)]
+            # ... ending on a character boundary: the kept text is sent back as the next prompt, and a
+            # cut inside a UTF-8 sequence would send U+FFFD, which the model never wrote
+            while cand and not text.startswith(self.engine.detok(cand)):
+                cand = cand[:-1]
             text = self.engine.detok(cand)
+            self.finish_reason = "length"
         self.tokens.extend(cand)
         self.text += text
         self._pending, self._pending_chunks = "", 0

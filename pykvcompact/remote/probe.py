@@ -83,6 +83,18 @@ def normalise(scores: Dict[str, float]) -> Dict[str, float]:
     return {k: v / tot for k, v in ex.items()}
 
 
+def _first_choice(ev, url: str) -> dict:
+    """The first choice of a streamed event; an error event or a malformed one is a clear error."""
+    if isinstance(ev, dict) and ev.get("error"):
+        raise RemoteProtocolError(f"{url}: the stream reported an error: {str(ev['error'])[:300]}", url=url)
+    choices = ev.get("choices") if isinstance(ev, dict) else None
+    if not choices:
+        return {}
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise RemoteProtocolError(f"{url}: an event whose choices are not a list of objects: {str(ev)[:200]}", url=url)
+    return choices[0]
+
+
 def probe_body(model: str, prompt, top_k: int, extras: Optional[dict] = None, stream: bool = True) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "logprobs": int(top_k),
             "stream": stream}
@@ -90,20 +102,22 @@ def probe_body(model: str, prompt, top_k: int, extras: Optional[dict] = None, st
     return body
 
 
-def ask(http, body: dict) -> Tuple[Dict[str, float], dict]:
+def ask(http, body: dict, on_request=lambda: None) -> Tuple[Dict[str, float], dict]:
     """``(top-k {text: logprob}, the answer)`` for a probe request.  Streamed first: llama-cpp-python's
     non-streamed answer computes a log-softmax over the logits of every prompt position (seconds on a
     long context), its stream only over the token's own.  A stream whose token was the end of generation
     carries no logprobs: then the same request unstreamed."""
     url = http.url("/v1/completions")
+    on_request()
     stream = http.stream("/v1/completions", dict(body, stream=True))
     try:
         for ev in stream:
-            ch = (ev.get("choices") or [{}])[0] if isinstance(ev, dict) else {}
+            ch = _first_choice(ev, url)
             if ch.get("logprobs"):
                 return top_logprobs(ev, url), ev
     finally:
         stream.close()
+    on_request()
     resp = http.post("/v1/completions", dict(body, stream=False))
     return top_logprobs(resp, url), resp
 

@@ -47,6 +47,7 @@ class RemoteSequence:
         self.closed = False
         self._tokens: List[int] = []
         self._bg: List[RemoteJob] = []   # background generations writing to this sequence
+        self._streaming = False          # a foreground stream is open (it appends as its tokens come)
         self._lock = threading.Lock()
         self.last_probe: Dict = {}
         self.last_stall: Dict = {}
@@ -76,6 +77,8 @@ class RemoteSequence:
     def _idle(self) -> None:
         """Foreground changes wait for no one: a background generation still writing here is an error."""
         self._live()
+        if self._streaming:
+            raise errors.SequenceBusyError(f"a stream is open on sequence {self.id}: exhaust or close() it first")
         if any(not j.done() for j in self._bg):
             raise errors.SequenceBusyError(f"a background generation is running on sequence {self.id}; wait for "
                                            "it (job.result()) or cancel it")
@@ -155,7 +158,9 @@ class RemoteSequence:
     def _stream(self, gen: Generation) -> Iterator[int]:
         if gen.max_tokens == 0:
             return
-        kept = 0
+        if self._streaming or len(self._tokens) != len(gen.prompt_tokens):
+            raise errors.SequenceBusyError(f"sequence {self.id} changed between stream() and its first token")
+        self._streaming, kept = True, 0
         try:
             for new in gen.iter():
                 with self._lock:
@@ -163,6 +168,7 @@ class RemoteSequence:
                 kept += len(new)
                 yield from new
         finally:
+            self._streaming = False
             gen.cancel()
             self.engine.count_generated(kept)
 
@@ -191,8 +197,7 @@ class RemoteSequence:
         self._fits(len(full) + 1)
         t0 = time.perf_counter()
         body = probe_body(eng.model, eng.prompt(full), eng.probe_top_k, eng.extras())
-        top, resp = ask(eng.http, body)
-        eng.count_request(body, probe=True)
+        top, resp = ask(eng.http, body, on_request=lambda: eng.count_request(body, probe=True))
         scores, missing = label_scores(top, labels)
         probs = normalise(scores)
         self.last_probe = {"logprobs": scores, "tokens": len(toks), "method": "top-k", "top_k": eng.probe_top_k,
@@ -262,9 +267,9 @@ class RemoteSequence:
         """One ``max_tokens=1`` request on ``toks``: the prefill the server had left to do, timed."""
         t0 = time.perf_counter()
         body = self.engine.completion_body(toks, [], "", 1, {"temperature": 0.0}, None, stream=False)
+        self.engine.count_request(body)
         try:
             resp = self.engine.http.post("/v1/completions", body)
-            self.engine.count_request(body)
         except errors.EngineError as e:
             return {"stall_ms": (time.perf_counter() - t0) * 1000.0, "stall_error": str(e)}
         return {"stall_ms": (time.perf_counter() - t0) * 1000.0, "cached_tokens": _cached(resp)}

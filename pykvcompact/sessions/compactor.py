@@ -6,19 +6,17 @@ import time
 from typing import Callable, Optional
 
 from .. import events as ev
-from ..policy import needs_restart, sync_due, summary_message_budget
+from ..policy import sync_due, summary_message_budget
 from . import scheduler as sch
-from .port import engine_errors, free_cells
+from .background import BackgroundPreparation
+from .port import free_cells
 from .preparation import Preparation
 from .swap import Replacement, Swap
 
 LOOSE = ("manual", "tool", "window_full")
-# rows per step for a preparation whose deadline is near (the engine's default is 8 next to the
-# conversation's decoding, 64 when it is idle): each row slows that step's decode (~3 ms a row here)
-DEADLINE_ROWS = 16
 
 
-class Compactor:
+class Compactor(BackgroundPreparation):
     def __init__(self, ctx, ledger, maker, policy, limits, emit: Callable[[ev.Event], None]):
         self.ctx, self.ledger, self.maker, self.policy, self.lim, self.emit = ctx, ledger, maker, policy, limits, emit
         self.swap = Swap(ctx, ledger, policy.rebase)
@@ -271,135 +269,6 @@ class Compactor:
         self.emit(ev.Rebased(info.get("mode", "exact"), info["tokens_before"], info["tokens_after"], stall,
                              int(info.get("catch_up_tokens", 0)), trigger="window", worst_stall_ms=self.worst_stall_ms))
         return True
-
-    # ------------------------------------------------------------------ the background preparation
-    def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
-              keep_recent: Optional[int] = None, floor: bool = True) -> bool:
-        mark = self._mark(loose, keep_recent, floor)
-        if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
-            return False
-        ctx = self.ctx
-        try:
-            job = self.maker.start(mark, instructions, background=self.policy.mode == "background")
-        except engine_errors():
-            return False
-        self.prep = Preparation(job, mark=mark, mark_tok=ctx.mark_tok(mark), prefix_tok=ctx.prefix_tok(),
-                                instructions=instructions, build=lambda s: self.maker.replacement(mark, s),
-                                reason=reason)
-        self.emit(ev.SummaryStarted(mark, ctx.mark_tok(mark), background=True, reason=reason))
-        return True
-
-    def cancel(self, reason: Optional[str]) -> None:
-        p, self.prep = self.prep, None
-        if p is None:
-            return
-        p.cancel()
-        if reason is not None:
-            self.emit(ev.PreparationRestarted(reason, p.mark, len(self.ctx) - p.mark_tok))
-
-    def tick(self, turn_end: bool = False) -> None:
-        """Between steps (background mode): advance the preparation, start one when the schedule says,
-        restart one the raw tail has outgrown, commit one a COMPRESS verdict (or the tool) asked for once
-        caught up.  ``turn_end``: a call's messages are all in, or a reply is being written or just
-        closed: what comes next will be the raw tail."""
-        if self.policy.mode != "background":
-            return
-        if self.prep is not None:
-            self._advance()
-            self._restart_if_needed()
-        if self.prep is None:
-            rates = self.meter.rates()
-            why = sch.start_reason(self.policy, self.lim, self._state(len(self.ctx)), rates)
-            # turns as large as keep_recent: the next turn will be the raw tail, so at a turn's end the
-            # whole history may be summarized now, while the conversation waits for its next message
-            if why and not self.start(why) and turn_end and rates.turn_tokens >= self.lim.keep_recent:
-                self.start(why, keep_recent=0)
-        if self.prep is not None and self.prep.fallback is None:
-            self._advance()  # a preparation started or restarted now: its fallback context starts at once
-        p = self.prep
-        if p is not None and p.commit_trigger and p.state == "caught_up":
-            self._commit(p.commit_trigger, None, edge=False)
-
-    def _deadline_rows(self) -> int:
-        """Rows per step the preparation gets next to the conversation's decoding: the engine's small
-        default far from the edge; more as the edge nears (the next turn, by the largest recent one,
-        would cross ``hard``, or the window edge) — the same rows the edge would otherwise spend as a
-        stall, taken earlier while the conversation runs (its decoding slows meanwhile)."""
-        n, turn = len(self.ctx), self.meter.rates().turn_tokens
-        if n + turn >= self.lim.window - self.margin:
-            return 2 * DEADLINE_ROWS
-        if n + turn >= self.lim.hard:
-            return DEADLINE_ROWS
-        return 0
-
-    def _advance(self) -> None:
-        p = self.prep
-        p.set_rows(self._deadline_rows())
-        if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
-            self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
-            self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
-        if p.state == "summarizing" and p.fallback is None:  # the edge may come first: prefill the fallback
-            p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
-                               mode=self.policy.rebase)
-        if p.rb is not None and p.rb.done() and p.rb_t0:
-            self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
-            p.rb_t0 = 0.0
-
-    def _restart_if_needed(self) -> None:
-        p = self.prep
-        if p.replacement is not None:
-            summary = len(p.replacement.tokens)
-        elif p.fallback is not None:  # what the edge commits if the model's summary is late: restarting
-            summary = len(p.fallback.tokens)  # would throw away its prefilled context for nothing
-        else:
-            summary = summary_message_budget(self.policy, self.lim.window)
-        tail, edge = len(self.ctx) - p.mark_tok, self.lim.window - self.margin
-        why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
-                            tail_tokens=tail, overhead=0)
-        # the largest turn of a longer memory (one swap must make room for it), up to a third of the
-        # window: room for a larger one would mean summarizing everything, restarting after every message
-        turn = min(self.meter.rates().peak_turn_tokens, self.lim.window // 3)
-        if not why and turn and p.prefix_tok + summary + tail + turn > edge:
-            why = "tail_outgrew_window"  # committing it would not leave room for the next turn
-        # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
-        m = self._mark(keep_recent=0) if why == "tail_outgrew_window" else self._mark()
-        if not why or m is None or m <= p.mark:
-            return
-        new_tail = len(self.ctx) - self.ctx.mark_tok(m)
-        if why == "tail_outgrew_window":
-            if p.prefix_tok + summary + new_tail + turn > edge:
-                return  # a later cut would not leave room either
-
-        elif needs_restart(self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
-                           prefix_tokens=p.prefix_tok, tail_tokens=new_tail, overhead=0):
-            return
-        trig = p.commit_trigger
-        self.cancel(why)
-        if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trig:
-            self.prep.commit_trigger = trig
-
-    def defer(self, trigger: str) -> bool:
-        """Background mode: commit a preparation (started now if needed) once it is caught up, instead of
-        waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
-        if self.policy.mode != "background":
-            return False
-        if self.prep is None and not self.start(trigger, loose=True):
-            return False
-        self.prep.commit_trigger = trigger
-        self.tick()
-        return True
-
-    def compress(self) -> None:
-        """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""
-        if self.policy.mode != "background":
-            if self._mark() is not None:
-                self.compact("compress")
-            return
-        if self.prep is None:
-            self.start("compress")  # a cut worth summarizing (min_span), or nothing
-        if self.prep is not None:
-            self.prep.commit_trigger = "compress"
-            self.tick()
 
 
 __all__ = ["Compactor"]

@@ -23,8 +23,8 @@ _LOCK = threading.Lock()
 
 def _held(engine) -> int:
     """Cells promised to the live sessions on ``engine``."""
-    if not _weakrefable(engine):
-        return 0
+    if not _weakrefable(engine) or not getattr(engine, "cells_shared", True):
+        return 0  # (a remote engine: each request has the whole context)
     with _LOCK:
         return sum(_RESERVED.get(engine, {}).values())
 
