@@ -3,6 +3,10 @@
 ``offload()`` is idempotent: a message is written to the history file once, however many times a swap
 that replaces it is retried (a set of written transcript indices).  ``forget()`` moves messages to
 ``offloaded`` only once the swap that replaced them has succeeded.
+
+The log and the transcript never part ways: a change is logged before it is made, and the record of a
+change that cannot be undone (a generated reply, a swap, an undo) whose write fails is kept by the journal
+and written before its next record.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import copy
 from typing import Callable, List, Optional, Sequence, Set
 
 from ..history import HistoryFile
+from .journal import LogTakenError
 
 
 class Ledger:
@@ -42,8 +47,19 @@ class Ledger:
         if self.journal is not None:
             try:
                 self.journal.undo(index)
-            except OSError:
-                pass  # replay then holds a message never acknowledged: allowed (the one in flight)
+            except (OSError, LogTakenError):
+                pass  # kept for the next write (or the log is another session's): the refusal is the error
+
+    def record_live(self, msg: dict, view: Optional[dict] = None) -> int:
+        """Add ``msg``, already live (a generated reply), to the transcript and log it.  A failed write
+        raises ``OSError`` after the message is recorded: its record is written before the next one."""
+        try:
+            if self.journal is not None:
+                self.journal.message(len(self.transcript), msg, view, True, defer=True)
+        finally:
+            self._logged = len(self.transcript)
+            self.record(msg)
+        return len(self.transcript) - 1
 
     def record(self, msg: dict, view: Optional[dict] = None, live: bool = True, log: bool = True) -> int:
         """Add ``msg`` to the transcript (logged first unless :meth:`log` just did, or ``log`` is False:
@@ -91,13 +107,14 @@ class Ledger:
     def forget(self, entries: Sequence, summary=None) -> None:
         """The swap that replaced ``entries`` (by the ``summary`` entry, or by nothing) succeeded: they are
         now offloaded (and only now)."""
-        if self.journal is not None:
-            try:
+        try:
+            if self.journal is not None:
                 self.journal.swap([e.tidx for e in entries], None if summary is None else summary.tidx,
                                   None if summary is None else self.describe(summary.msg))
-            except OSError:
-                pass  # the swap is done; a replay without its record rebuilds the longer context: nothing lost
-        self.offloaded.extend(e.msg for e in entries if not e.summary)
+        except (OSError, LogTakenError):
+            pass  # the swap is done: the journal keeps its record for the next write (or refuses that too)
+        finally:
+            self.offloaded.extend(e.msg for e in entries if not e.summary)
 
     def copy(self) -> List[dict]:
         return [copy.deepcopy(m) for m in self.transcript]

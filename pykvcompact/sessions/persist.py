@@ -5,12 +5,16 @@ as it happened.  A snapshot (``Session.save``) adds what the log cannot give che
 message starts in the text and tokens, and the KV state of the live sequence.  ``load`` replays the log,
 then takes the KV state from the snapshot when the snapshot is current (no record after it) and the
 engine accepts it (same model, context size, library version); otherwise it prefills the live context
-again.  Either way the resumed session holds the same transcript, live messages, pins and summaries.
+again.  Either way the resumed session holds the same transcript, live messages, pins and summaries, and
+its history and log stay where the log is now (moved with the snapshot, or named relative to another
+working directory).  A live context over the window of the engine it is loaded into is compacted to fit,
+or the load is refused with a clear ``ValueError``.
 
 Snapshot file: ``MAGIC``, an 8-byte header length, the JSON header, then the sequence state blob.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -20,7 +24,7 @@ from typing import Optional
 from .. import errors
 from ..policy import Policy
 from .context import Entry
-from .journal import Journal, log_path, replay
+from .journal import Journal, fsync_dir, log_path, replay
 from .messages import view_of
 
 MAGIC = b"PKVSESS1"
@@ -32,6 +36,7 @@ def save_session(s, path) -> None:
     ctx = s._ctx
     if ctx.partial is not None:  # pragma: no cover - a call is running (guarded by _one_call)
         raise errors.SequenceBusyError("a reply is being generated; save after it")
+    s._ledger.journal.flush()  # the snapshot describes the log: it must hold every change first
     blob, kv_note = b"", ""
     try:
         blob = ctx.seq.save_state()
@@ -46,20 +51,35 @@ def save_session(s, path) -> None:
         "kv": bool(blob), "kv_note": kv_note,
     }
     head = json.dumps(header, ensure_ascii=False).encode("utf-8")
-    path = Path(path)
+    _write_atomically(Path(path), MAGIC + struct.pack("<Q", len(head)) + head + blob)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<Q", len(head)) + head + blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except Exception:  # a failed save leaves nothing behind (a kill, BaseException, may leave the .tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)  # make the rename durable
 
 
 def _read_snapshot(path: Path):
-    raw = path.read_bytes()
-    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 8:
-        raise errors.InvalidStateError(f"{str(path)!r} is not a session snapshot (Session.save) nor a session "
-                                       "log (.log.jsonl)")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    if not raw.startswith(MAGIC):
+        raise errors.InvalidStateError(f"{str(path)!r} is a session snapshot of another pykvcompact version "
+                                       f"({raw[:len(MAGIC)]!r}; this one reads {MAGIC!r}): load the session from "
+                                       "its log")
+    if len(raw) < len(MAGIC) + 8:
+        raise errors.InvalidStateError(f"{str(path)!r} is cut short: load the session from its log instead")
     (n,) = struct.unpack("<Q", raw[len(MAGIC):len(MAGIC) + 8])
     start = len(MAGIC) + 8
     if start + n > len(raw):
@@ -73,14 +93,9 @@ def _read_snapshot(path: Path):
 
 def load_session(cls, engine, path, **kwargs):
     path = Path(path)
-    header, blob = None, b""
-    if path.suffix == ".jsonl":
-        log = path
-    else:
-        try:
-            header, blob = _read_snapshot(path)
-        except OSError as e:
-            raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    header, blob, log = None, b"", path
+    if _is_snapshot(path):  # by content, not by name: save() accepts any name
+        header, blob = _read_snapshot(path)
         if not isinstance(header, dict) or not isinstance(header.get("log"), str) or not header["log"]:
             raise errors.InvalidStateError(f"{str(path)!r} has a corrupt header (no log path): load the session "
                                            "from its log")
@@ -89,13 +104,15 @@ def load_session(cls, engine, path, **kwargs):
             log = path.parent / log.name
     r = replay(log)
     journal = Journal(log)
-    journal.records = r.records
+    journal.resume(r)
     try:
         policy = Policy(**r.policy)
     except (TypeError, ValueError) as e:
         raise errors.InvalidStateError(f"{str(log)!r} holds a policy this version cannot use ({e})") from None
-    s = cls(engine, policy=policy, session_id=r.session_id, history_dir=r.history_dir,
+    # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)
+    s = cls(engine, policy=policy, session_id=r.session_id, history_dir=str(journal.path.parent),
             tools=r.tools or None, _resume=journal, **kwargs)
+    s.log_path = str(journal.path)
     try:
         _restore(s, r)
         s.resumed = _restore_context(s, r, header, blob)
@@ -103,6 +120,14 @@ def load_session(cls, engine, path, **kwargs):
         s.close()
         raise
     return s
+
+
+def _is_snapshot(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC) - 1) == MAGIC[:-1]  # any version of the magic: a snapshot
+    except OSError as e:
+        raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
 
 
 def _restore(s, r) -> None:
@@ -113,6 +138,8 @@ def _restore(s, r) -> None:
     led._marked = set(r.removed_summaries)
     led.pinned = set(r.pinned) | {i for i, m in enumerate(r.transcript) if m.get("pinned")}
     led.history.blocks = 1 if led.history.path.exists() else 0
+    # completion ids go on from here: each answered call left at least one assistant message
+    s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
     for i, described in r.metas.items():
         s._maker.restore(r.transcript[i], described)
     if r.cur_tools != s._cur_tools:
@@ -124,27 +151,55 @@ def _restore_context(s, r, header: Optional[dict], blob: bytes) -> dict:
     ctx = s._ctx
     live = [(i, v if v is not None else view_of(r.transcript[i])) for i, v in r.live]
     n_prefix = 1 if live and r.transcript[live[0][0]].get("role") == "system" else 0
-    why = _kv_usable(header, r, live)
-    if not why:
-        try:
-            seq = s.engine.load_sequence(blob)
-        except (errors.PyKVCompactError, AttributeError) as e:
-            why = f"the KV state was not loaded ({e})"
-        else:
-            ctx.entries = [Entry(r.transcript[i], v, i, bool(r.transcript[i].get("summary")), c, t)
-                           for (i, v), (_, c, t) in zip(live, header["entries"])]
-            ctx.text, ctx.n_prefix = header["text"], n_prefix
-            ctx.replace_sequence(seq)
-            if seq.tokens == ctx.tok(ctx.render()):
-                return {"kv": True, "reason": "", "tokens": len(ctx)}
-            why = "the loaded KV state does not match the rendered messages"
-            ctx.entries, ctx.text = [], ""
-            ctx.replace_sequence(s.engine.sequence())
-    for i, v in live:  # prefill again, message by message (as they were added)
-        ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
-    ctx.n_prefix = n_prefix
+    why = _kv_usable(header, r, live) or _load_kv(s, r, live, header, blob, n_prefix)
+    if why:
+        for i, v in live:  # prefill again, message by message (as they were added)
+            ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
+        ctx.n_prefix = n_prefix
+    _fit(s)
     ctx.prefilled = 0
-    return {"kv": False, "reason": why, "tokens": len(ctx)}
+    return {"kv": not why, "reason": why, "tokens": len(ctx)}
+
+
+def _load_kv(s, r, live, header: dict, blob: bytes, n_prefix: int) -> str:
+    """Take the snapshot's KV state as the live sequence; why it could not be used ("" when it was)."""
+    ctx = s._ctx
+    try:
+        seq = s.engine.load_sequence(blob)
+    except (errors.PyKVCompactError, AttributeError) as e:
+        return f"the KV state was not loaded ({e})"
+    ctx.entries = [Entry(r.transcript[i], v, i, bool(r.transcript[i].get("summary")), c, t)
+                   for (i, v), (_, c, t) in zip(live, header["entries"])]
+    ctx.text, ctx.n_prefix = header["text"], n_prefix
+    ctx.replace_sequence(seq)
+    render = ctx.render()
+    # a generated reply keeps the tokens the model chose, which may spell the text differently from a
+    # fresh tokenization: the state is right when its tokens spell exactly the rendered messages
+    if seq.tokens == ctx.tok(render) or ctx.detok(seq.tokens) == render:
+        return ""
+    ctx.entries, ctx.text = [], ""
+    ctx.replace_sequence(s.engine.sequence())
+    return "the loaded KV state does not match the rendered messages"
+
+
+def _fit(s) -> None:
+    """A live context over the window here (a smaller engine; replies re-tokenized a little longer) is
+    compacted to fit, as a call would do; when it cannot be, the load is refused clearly."""
+    ctx = s._ctx
+    if len(ctx) <= s.window:
+        return
+    n, cause = len(ctx), ""
+    try:
+        s._room.make(lambda: len(ctx))
+    except (errors.PyKVCompactError, ValueError) as e:  # no room for the summary, no cut point...
+        cause = f" ({e})"
+    if len(ctx) <= s.window and not cause:
+        return
+    raise ValueError(
+        f"session {s.session_id!r}: its live context ({n} tokens) is larger than its window on this engine "
+        f"({s.window} tokens, n_ctx {s.engine.n_ctx}) and could not be compacted to fit{cause}: load it into "
+        "an engine with a larger n_ctx (e.g. the one that saved it), compact() and save() it there, then load "
+        "it here")
 
 
 def _kv_usable(header: Optional[dict], r, live) -> str:

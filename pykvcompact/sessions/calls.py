@@ -1,0 +1,112 @@
+"""The session's call loop: one ``chat``/``stream``/``add`` call, from its messages to its reply — the messages
+appended (room made first, tool results counted, compaction-tool calls run), the schedule ticked between
+them, the due probe, then up to four replies (a reply that only calls ``compact_conversation`` is followed
+by another), the rates measured and the OpenAI-shaped response built.  A mixin of :class:`~..session.Session`:
+it works on the session's parts (``_ctx``, ``_ledger``, ``_compactor``, ``_prober``, ``_room``)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import List
+
+from .. import compaction_tool
+from .messages import check_sampling, check_tool_results, completion, normalize_messages
+from .turn import Turn
+
+
+class CallLoop:
+    def _run_tool(self, call: dict) -> dict:
+        msg = self._tool.run(call)
+        self._append(msg)
+        return msg
+
+    def _probe_if_due(self):
+        trig = self._prober.due()
+        if trig is None:
+            return
+        comp = self._compactor
+        v = self._prober.run(trig, has_cut=self._ctx.choose_mark(self.limits.keep_recent, self.limits.min_span) is not None,
+                             committing=comp.prep is not None and comp.prep.commit_trigger is not None)
+        yield from self._drain()
+        if v == "COMPRESS":
+            comp.compress()
+            yield from self._drain()
+
+    def _add_messages(self, msgs: List[dict]):
+        self._check_open()
+        check_tool_results(msgs, [e.msg for e in self._ctx.entries])
+        self._room.for_batch(msgs)
+        yield from self._drain()
+        for i, m in enumerate(msgs):
+            self._append(m)
+            yield from self._drain()
+            if m["role"] == "tool":
+                self._prober.tool_results(1)
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x["role"] == "tool"}
+                for c in m["tool_calls"]:
+                    if compaction_tool.is_compact_call(c) and c["id"] not in answered:
+                        self._run_tool(c)
+                        yield from self._drain()
+            # after the call's last message the reply is the raw tail to come: a preparation may start
+            self._compactor.tick(turn_end=i == len(msgs) - 1)
+            yield from self._drain()
+        yield from self._probe_if_due()
+
+    def _run(self, messages, max_tokens, tools, sampling, streaming):
+        with self._one_call():
+            yield from self._run_call(messages, max_tokens, tools, sampling, streaming)
+
+    @contextlib.contextmanager
+    def _one_call(self):
+        """One call at a time: a second call while a stream is open would interleave two replies."""
+        self._check_open()
+        if self._busy:
+            from ..errors import SequenceBusyError
+            raise SequenceBusyError("this session is still producing a reply (a stream is open): exhaust or "
+                                    "close() that stream before the next chat/stream/add/compact call")
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            self._compactor.call_tidx = None
+
+    def _run_call(self, messages, max_tokens, tools, sampling, streaming):
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        msgs = normalize_messages(messages)
+        sampling, stop = check_sampling(sampling)
+        new_tools = self._effective_tools(tools)
+        self._pending.clear()
+        self._compactor.call_tidx = len(self._ledger.transcript)  # its messages stay raw until answered
+        ctx = self._ctx
+        ctx.prefilled = 0
+        t0, completion_tokens = time.perf_counter(), 0
+        if new_tools != self._cur_tools:  # the tool header changed: re-render
+            self._ledger.journal.tools(new_tools)
+            self._cur_tools = ctx.tools = new_tools
+            self._make_room(lambda: ctx.measure(ctx.render()))
+            ctx.sync(ctx.render())
+        yield from self._add_messages(msgs)
+        others: list = []
+        for loops in range(4):
+            msg, finish, ntok = yield from Turn(self, max_tokens, sampling, stop, streaming).run()
+            completion_tokens += ntok
+            calls = msg.get("tool_calls") or []
+            compact_calls = [c for c in calls if compaction_tool.is_compact_call(c)]
+            others = [c for c in calls if not compaction_tool.is_compact_call(c)]
+            for c in compact_calls:
+                self._run_tool(c)
+                yield from self._drain()
+            if not compact_calls or others:
+                break
+        self._compactor.meter.turn(ctx.prefilled + completion_tokens, time.perf_counter() - t0)
+        self._n_calls += 1  # answered calls only: each left an assistant message (load resumes the count)
+        self.last_response = completion(f"chatcmpl-{self.session_id}-{self._n_calls}",
+                                        getattr(self.engine, "model_name", "local"), msg.get("content"), others,
+                                        finish, ctx.prefilled, completion_tokens, self.fill)
+        yield from self._drain()
+
+
+__all__ = ["CallLoop"]
