@@ -47,7 +47,7 @@ class HistoryFile:
 
     def __init__(self, history_dir, session_id: str):
         self.session_id = check_session_id(session_id)
-        self.dir = Path(history_dir)
+        self.dir = Path(os.path.abspath(history_dir))  # a later chdir must not move it away from the log
         self.path = self.dir / f"{session_id}.md"
         self.blocks = 0
 
@@ -71,13 +71,12 @@ class HistoryFile:
         transcript indices of earlier summaries that were replaced too (marked, not copied). Returns the
         number of bytes written."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        new_file = not self.path.exists()
+        new_file = not self.path.exists() or self.path.stat().st_size == 0
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         out: List[str] = []
         if new_file:
             out.append(f"# Conversation history — session {self.session_id}\n\n"
                        "Messages removed from the live context, verbatim, oldest first.\n\n")
-        self.blocks += 1
         rng = ""
         if indices:
             rng = f" (transcript messages {min(indices)}..{max(indices)})"
@@ -87,15 +86,27 @@ class HistoryFile:
         for k, m in enumerate(messages):
             out.append(format_message(m, indices[k] if indices else None))
         data = "".join(out).encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise type(e)(e.errno, f"cannot write the history file {str(self.path)!r} ({e.strerror or e})") from None
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError as e:
+                try:  # a half block would be followed by the whole block again when the swap is retried
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                raise type(e)(e.errno, f"cannot write the history file {str(self.path)!r} ({e.strerror or e}): "
+                                       "the messages stay in the live context") from None
         finally:
             os.close(fd)
+        self.blocks += 1
         if new_file:  # make the new directory entry durable too
             try:
                 dfd = os.open(self.dir, os.O_RDONLY)

@@ -92,7 +92,7 @@ class Session(CallLoop):
         self._closed = False
         self._busy = False                   # a chat/stream/compact call is running (one at a time)
         self._ledger = Ledger(self.history)
-        self.log_path = str(log_path(history_dir, self.session_id))
+        self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._cur_tools = self._effective_tools(None)
         self.window, cells = session_cells(engine, policy, self.template, self._cur_tools, self.rubric,
                                            self.history_path)

@@ -503,3 +503,87 @@ def test_a_damaged_kv_blob_falls_back_to_prefill_and_leaks_nothing(damage, tiny_
         assert eng.used_cells() == 0 and eng.stats()["live_sequences"] == 0
     finally:
         eng.close()
+
+
+# ---------------------------------------------------------------------- review 2 of persistence
+def _key(tr):
+    return [(m["role"], m.get("content"), bool(m.get("summary"))) for m in tr]
+
+
+def test_a_snapshot_describes_its_own_session_after_another_wrote_the_log(tmp_path):
+    _, a = make("hard", window=400, tmp_path=tmp_path)
+    a.chat("A first", max_tokens=8)
+    with pytest.warns(RuntimeWarning):
+        b = pk.Session.load(FakeEngine(), a.log_path)
+        b.chat("B only", max_tokens=8)
+        a.save(tmp_path / "a.pkv")     # the log was B's: the save makes it A's again first
+    loaded = pk.Session.load(FakeEngine(), tmp_path / "a.pkv")
+    assert _key(loaded.transcript) == _key(a.transcript)
+    assert loaded.resumed["kv"] is False or loaded.tokens == a.tokens
+
+
+def test_a_save_after_the_log_was_removed_is_refused(tmp_path):
+    _, s = make("hard", window=400, tmp_path=tmp_path)
+    s.chat("hi", max_tokens=8)
+    os.unlink(s.log_path)
+    with pytest.raises(journal.LogTakenError):
+        s.save(tmp_path / "x.pkv")
+    assert not (tmp_path / "x.pkv").exists()
+
+
+def test_a_relative_history_dir_survives_a_chdir(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    _, s = make("hard", window=400, tmp_path="hist")
+    monkeypatch.chdir(tmp_path / "b")
+    for i in range(25):
+        s.chat(user_msg(i), max_tokens=8)
+    assert s.offloaded
+    assert os.path.isabs(s.history_path) and os.path.dirname(s.history_path) == os.path.dirname(s.log_path)
+    assert not (tmp_path / "b" / "hist").exists()
+    loaded = pk.Session.load(FakeEngine(), s.log_path)
+    assert os.path.exists(loaded.history_path)
+
+
+def test_a_failed_history_write_leaves_no_half_block(tmp_path, monkeypatch):
+    _, s = make("hard", window=400, tmp_path=tmp_path)
+    real = os.write
+    state = {"on": False}
+
+    def half_then_full_disk(fd, data):
+        if state["on"] and os.readlink(f"/proc/self/fd/{fd}").endswith(".md"):
+            state["on"] = False
+            real(fd, bytes(data[:len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_full_disk)
+    for i in range(5):
+        s.chat(user_msg(i, 20), max_tokens=8)
+    state["on"] = True
+    with pytest.raises(OSError, match="history file"):
+        s.chat(user_msg(99, 60), max_tokens=8)
+    s.chat(user_msg(100, 60), max_tokens=8)
+    text = open(s.history_path, encoding="utf-8").read()
+    offloaded_once = [m for m in s.offloaded if m.get("content")]
+    assert offloaded_once and all(text.count(m["content"]) == 1 for m in offloaded_once)
+    assert s._ledger.history.blocks == text.count("## Offload")
+
+
+def test_a_load_into_a_much_smaller_engine_is_refused_clearly(tmp_path):
+    eng = FakeEngine(n_ctx=4096)
+    s = pk.Session(eng, system="You are a test.", policy=pk.Policy(mode="hard", window=None, summary_max_tokens=48,
+                                                                   keep_user_tokens=0, compact_tool=False),
+                   session_id="small", history_dir=tmp_path)
+    for i in range(80):
+        s.chat(user_msg(i, 12), max_tokens=8)
+        if s.n_tokens > 2000:
+            break
+    s.save(tmp_path / "b.pkv")
+    s.close()
+    small = FakeEngine(n_ctx=1024)
+    for path in (tmp_path / "b.pkv", s.log_path):
+        with pytest.raises(ValueError, match="larger n_ctx"):
+            pk.Session.load(small, path)
+        assert small.used_cells() == 0

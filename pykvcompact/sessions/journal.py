@@ -83,15 +83,16 @@ class Journal:
         self._backlog.clear()
 
     def flush(self) -> None:
-        """Write the kept records now (raises ``OSError`` if they still cannot be written)."""
-        if self._backlog:
-            try:
-                self._append(self._backlog)
-            except OSError as e:
-                raise self._error(e, f"{len(self._backlog)} changes made in the session are not in it yet; "
-                                     "free space or fix the directory and retry") from None
-            self.records += len(self._backlog)
-            self._backlog.clear()
+        """Write the kept records now, and make the log this session's (written again after another
+        same-id session's records; ``LogTakenError`` when it was removed): a snapshot describes the log, so it
+        must hold every change of this session and end with them.  Raises ``OSError`` if it cannot."""
+        try:
+            self._append(self._backlog)
+        except OSError as e:
+            raise self._error(e, f"{len(self._backlog)} changes made in the session are not in it yet; "
+                                 "free space or fix the directory and retry") from None
+        self.records += len(self._backlog)
+        self._backlog.clear()
 
     def _error(self, e: OSError, what: str) -> OSError:
         return type(e)(e.errno, f"cannot write the session log {str(self.path)!r} ({e.strerror or e}): {what}")

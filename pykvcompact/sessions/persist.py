@@ -153,8 +153,13 @@ def _restore_context(s, r, header: Optional[dict], blob: bytes) -> dict:
     n_prefix = 1 if live and r.transcript[live[0][0]].get("role") == "system" else 0
     why = _kv_usable(header, r, live) or _load_kv(s, r, live, header, blob, n_prefix)
     if why:
-        for i, v in live:  # prefill again, message by message (as they were added)
-            ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
+        try:
+            for i, v in live:  # prefill again, message by message (as they were added)
+                ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
+        except errors.ContextFullError as e:  # more than this engine's whole pool
+            raise ValueError(f"session {s.session_id!r}: its live context does not fit in this engine (n_ctx "
+                             f"{s.engine.n_ctx}: {e}): load it into an engine with a larger n_ctx (e.g. the one "
+                             "that saved it), compact() and save() it there, then load it here") from None
         ctx.n_prefix = n_prefix
     _fit(s)
     ctx.prefilled = 0
