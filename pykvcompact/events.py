@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclass
@@ -158,6 +158,19 @@ class CompactionSkipped(Event):
     name = "compaction_skipped"
 
 
+@dataclass
+class KeptOverBudget(Event):
+    """Messages that are always kept verbatim (the first user message, pinned ones) did not fit their
+    budget: ``reason`` ``"over_budget"`` (they are handed to the summarizer, whose prompt lists them) or
+    ``"no_room"`` (a smaller summary message was needed for the swap to fit; they stay in the history)."""
+    messages: List[int]            # transcript indices
+    tokens: int
+    budget: int
+    reason: str = "over_budget"
+    t: float = field(default_factory=time.time)
+    name = "kept_over_budget"
+
+
 # lower-case aliases matching the names used in the spec: events.probe(...), events.rebased(...)
 probe = Probe
 summary_started = SummaryStarted
@@ -170,10 +183,12 @@ preparation_restarted = PreparationRestarted
 dropped = Dropped
 probe_skipped = ProbeSkipped
 compaction_skipped = CompactionSkipped
+kept_over_budget = KeptOverBudget
 
 ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
-                           ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped)}
+                           ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped,
+                           KeptOverBudget)}
 
 __all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
            "ToolRefused", "PreparationRestarted", "Dropped", "ProbeSkipped",
-           "CompactionSkipped", "ALL"]
+           "CompactionSkipped", "KeptOverBudget", "ALL"]

@@ -139,8 +139,11 @@ class Policy:
         return max(32, min(MAX_DEFAULT_SUMMARY, window // 8))
 
     def user_tokens(self, window: int) -> int:
-        """Tokens of the user's own messages kept verbatim in a rebased context."""
-        return self.keep_user_tokens if self.keep_user_tokens is not None else window // 8
+        """Tokens of the user's own messages kept verbatim in a rebased context (newest first): the explicit
+        value, at most a quarter of the window (more could never fit beside the raw tail), or 1/8 of it."""
+        if self.keep_user_tokens is not None:
+            return min(self.keep_user_tokens, window // 4)
+        return window // 8
 
     def limits(self, window: int) -> "Limits":
         return Limits.of(self, window)
@@ -195,9 +198,36 @@ class Limits:
 
 
 # ---------------------------------------------------------------------------------------- cells
+@dataclass(frozen=True)
+class SummaryBudget:
+    """What one summary message may hold, in tokens: the one source of truth for the cells reserved for
+    a rebased context (:func:`summary_message_budget`) and for what the session puts in a summary message
+    (``SummaryMaker``, which may only use less: it also caps each part by the room left below ``hard``)."""
+    text: int        # the new summary text (the summarizer's output budget)
+    users: int       # user messages kept verbatim, newest first (``keep_user_tokens``)
+    kept: int        # every message kept verbatim: the first user message, pinned ones, the users above
+    carried: int     # an earlier summary's standing instructions and text, carried forward
+    overhead: int = SUMMARY_MESSAGE_OVERHEAD   # the header, the headings and the template
+    listed: int = 0  # over-budget user messages quoted in the summarizer's prompt (the fork's cells)
+
+    @property
+    def total(self) -> int:
+        return self.text + self.kept + self.carried + self.overhead
+
+
+def summary_budget(p: Policy, window: int) -> SummaryBudget:
+    text = p.summary_tokens(window)
+    users = p.user_tokens(window)
+    # the carried text has no cells of its own: it takes what the new summary text and the kept messages
+    # leave of theirs (the standing instructions first); the prompt lists the over-budget user messages
+    # within half the summary budget (what the summarizer can copy, beside the rest of its summary)
+    return SummaryBudget(text=text, users=users, kept=max(users, window // 8), carried=0, listed=max(16, text // 2))
+
+
 def summary_message_budget(p: Policy, window: int) -> int:
-    """Tokens a summary message may take: the summary, the kept user messages, the template."""
-    return p.summary_tokens(window) + p.user_tokens(window) + SUMMARY_MESSAGE_OVERHEAD
+    """Tokens a summary message may take: the summary, the messages kept verbatim, the carried text, the
+    template (:class:`SummaryBudget`)."""
+    return summary_budget(p, window).total
 
 
 def shadow_budget(p: Policy, window: int) -> int:
@@ -335,4 +365,5 @@ def tool_allowed(p: Policy, lim: Limits, tokens: int) -> bool:
 
 __all__ = ["Policy", "Limits", "MsgInfo", "MODES", "reserve_cells", "resolve_window", "shadow_budget",
            "choose_mark", "cut_allowed", "drop_plan", "sync_due", "preparation_due", "needs_restart",
-           "probe_due", "probe_skip_reason", "verdict", "tool_allowed", "starts", "summary_message_budget"]
+           "probe_due", "probe_skip_reason", "verdict", "tool_allowed", "starts", "summary_message_budget",
+           "SummaryBudget", "summary_budget"]

@@ -200,7 +200,11 @@ class Session(CallLoop):
     def pin(self, message_index: int) -> None:
         """Keep transcript message ``message_index`` verbatim in every compaction from now on."""
         self._check_open()
+        was = set(self._ledger.pinned)
         self._ledger.pin(message_index)
+        p, new = self._compactor.prep, self._ledger.pinned - was
+        if p is not None and new and not any(e.tidx in new for e in self._ctx.entries[p.mark:] if not e.summary):
+            self._compactor.cancel("pinned")  # planned before the pin: it would summarize the message
 
     def save(self, path) -> None:
         """Snapshot the session to ``path``: its live context, the position in its log and the KV state of
@@ -303,6 +307,8 @@ class Session(CallLoop):
         except BaseException:
             led.unlog(tidx)
             raise
+        if msg.get("role") == "system" and len(ctx.entries) == 1:
+            ctx.n_prefix = 1  # a leading system message is the prefix, kept always (as Session.load counts it)
         led.record(msg)
         return entry
 

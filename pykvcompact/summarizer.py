@@ -35,9 +35,11 @@ SUMMARY_HEADER = "[Summary of the conversation before this point. The full messa
 
 
 def summarizer_request(history_path: str, max_tokens: int, instructions: Optional[str] = None,
-                       shorter: bool = False, overflow_users: Sequence[str] = (), has_earlier: bool = False) -> str:
+                       shorter: bool = False, overflow_users: Sequence[str] = (), has_earlier: bool = False,
+                       omitted: int = 0) -> str:
     """The user message appended to the fork to ask for the summary.  ``overflow_users``: user messages
-    that will not be kept verbatim (over the ``keep_user_tokens`` budget): their constraints must be copied.
+    that will not be kept verbatim (over the ``keep_user_tokens`` budget): their constraints must be copied;
+    all are listed, oldest first, as given (the session budgets them: ``omitted`` more did not fit).
     ``has_earlier``: an earlier summary above is carried forward verbatim, so only what is new is asked."""
     words = max(20, int(max_tokens * (0.35 if shorter else 0.6)))
     parts = [
@@ -63,7 +65,9 @@ def summarizer_request(history_path: str, max_tokens: int, instructions: Optiona
     if overflow_users:
         parts.append("These user messages will not be kept; copy every constraint, number and name in them "
                      f"under {FIRST_HEADING}")
-        parts += [f"- {_clip(u, 200)}" for u in list(overflow_users)[-4:]]  # the fork's cells are budgeted
+        parts += [f"- {' '.join((u or '').split())}" for u in overflow_users]  # budgeted by the caller
+        if omitted:
+            parts.append(f"({omitted} more user messages are in the history file.)")
     if instructions:
         parts.append(f"Focus on: {instructions.strip()}")
     return "\n".join(parts)
@@ -85,9 +89,11 @@ _PATH_RE = re.compile(r"(?:(?<=\s)|^)((?:[\w.-]+/)+[\w.-]+\.\w{1,8}|[\w-]+\.(?:p
                       r"cpp|h|hpp|c|js|ts|rs|go|java|sh|cfg|ini|csv))\b")
 
 
-def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: int = 2000) -> str:
-    """A deterministic summary built from the messages (no model): counts by role, tools used, the last
-    user request, files mentioned, the gist of an earlier summary. The raw tail follows it in context."""
+def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: int = 2000,
+                     standing: Sequence[str] = ()) -> str:
+    """A deterministic summary built from the messages (no model): ``standing`` (the user messages that
+    are not kept verbatim, copied word for word) under the first heading, then counts by role, tools used,
+    the last user request, files mentioned, the gist of an earlier summary. The raw tail follows it."""
     roles = Counter(m.get("role", "?") for m in messages if not m.get("summary"))
     tools = Counter()
     for m in messages:
@@ -104,10 +110,14 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
             if p not in paths:
                 paths.append(p)
     lines = []
+    auto = ("(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
+            + ".)")
+    if standing:  # first (the lines are trimmed from the end): the marker, the user's instructions
+        lines += [auto, FIRST_HEADING] + [" ".join((u or "").split()) for u in standing]
     if users:
         lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
-    lines.append("(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
-                 + ".)")
+    if not standing:
+        lines.append(auto)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(roles.items()))
     lines.append(f"Summarized messages: {sum(roles.values())} ({counts or 'none'}).")
     if tools:

@@ -8,10 +8,120 @@ of summarizing it again (facts decay through summaries of summaries otherwise). 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import json
+import re
 from typing import Callable, List, Optional, Sequence, Tuple
 
 USERS_HEADING = "User messages, verbatim (oldest first):"
 CARRIED_HEADING = "Earlier summary, carried verbatim:"
+STANDING_HEADING = "Standing instructions:"
+# the other headings the summarizer is asked for (see summarizer.summarizer_request)
+_HEADINGS = ("standing instructions", "goal", "verified facts", "decisions", "files and artifacts", "open items",
+             "next step")
+_HEADING_RE = re.compile(r"^\s*(?:[#*>\-]+\s*)*\**\s*(" + "|".join(_HEADINGS) + r")\s*\**\s*:\s*\**\s*(.*)$",
+                         re.IGNORECASE)
+# the labels of the deterministic fallback summary (summarizer.fallback_summary) end a section too
+_FALLBACK_RE = re.compile(r"^\s*(\(automatic summary|(last user request|summarized messages|tools called|first user "
+                          r"request|files mentioned|earlier summary|last assistant reply)\s*:)", re.IGNORECASE)
+_NONE_RE = re.compile(r"^[\s\-*•.]*(none|n/?a|nothing|-)?[\s.]*$", re.IGNORECASE)
+
+
+def message_text(msg: dict) -> str:
+    """What a kept message shows verbatim: its text, and the calls of an assistant tool-call message."""
+    c = msg.get("content")
+    text = c if isinstance(c, str) else ""
+    calls = []
+    for tc in msg.get("tool_calls") or []:
+        f = tc.get("function", tc) if isinstance(tc, dict) else {}
+        args = f.get("arguments", "")
+        if not isinstance(args, str):
+            args = json.dumps(args)
+        calls.append(f"(called {f.get('name', '?')} with arguments {args})")
+    return "\n".join(x for x in [text] + calls if x)
+
+
+def split_standing(text: str) -> Tuple[List[str], str]:
+    """``(standing instruction lines, the rest of text)``: the lines under a "Standing instructions:"
+    heading of a summary (up to the next known heading), without empty or "none" lines."""
+    standing, rest, inside = [], [], False
+    for line in (text or "").split("\n"):
+        m = _HEADING_RE.match(line)
+        if m:
+            inside = m.group(1).lower() == "standing instructions"
+            if inside:
+                if not _NONE_RE.match(m.group(2)):
+                    standing.append(m.group(2).strip())
+                continue
+        elif _FALLBACK_RE.match(line):
+            inside = False
+        if inside:
+            if not _NONE_RE.match(line):
+                standing.append(line.strip())
+        else:
+            rest.append(line)
+    return standing, "\n".join(rest).strip()
+
+
+def merge_standing(*groups: Sequence[str]) -> List[str]:
+    """The lines of ``groups`` in order, without duplicates (whitespace and a leading bullet ignored)."""
+    out, seen = [], set()
+    for g in groups:
+        for line in g:
+            key = " ".join(line.lstrip("-*• ").split()).lower()
+            if key and key not in seen:
+                seen.add(key)
+                out.append(line.strip())
+    return out
+
+
+def trim_standing(lines: Sequence[str], budget: int, count: Callable[[str], int]) -> List[str]:
+    """``lines`` within ``budget`` tokens (with their heading), dropping the oldest first."""
+    lines = list(lines)
+    while lines and count(STANDING_HEADING + "\n" + "\n".join(lines)) > budget:
+        lines.pop(0)
+    return lines
+
+
+def clip_middle(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """``text`` within ``budget`` tokens, cutting its middle (a constraint at the end of a long message
+    survives as well as one at its start)."""
+    text = " ".join((text or "").split())
+    if count(text) <= budget:
+        return text
+    lo, hi = 0, len(text) // 2
+    best = ""
+    while lo <= hi:  # the largest head/tail length that fits
+        mid = (lo + hi) // 2
+        cand = text[:mid].rstrip() + " … " + text[len(text) - mid:].lstrip()
+        if count(cand) <= budget:
+            best, lo = cand, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def budget_items(items: Sequence[str], budget: int, count: Callable[[str], int], least: int = 16
+                 ) -> Tuple[List[str], int]:
+    """``(listed, omitted)``: ``items`` within ``budget`` tokens in all, oldest first.  Each takes its fair
+    share of what is left (short ones whole, so the share they leave goes to the later ones; a long one
+    its middle cut; one under ``2 * least`` tokens is never cut); when the next does not fit, it and the
+    newer ones are omitted (their number is returned)."""
+    items = [" ".join((x or "").split()) for x in items]
+    items = [x for x in items if x]
+    out, left = [], budget
+    for k, x in enumerate(items):
+        size = count(x) + 2
+        share = max(least, left // (len(items) - k))
+        if size <= left and (size <= share or size <= 2 * least):
+            out.append(x)
+            left -= size
+        elif size > 2 * least and min(share, left) >= least:
+            cut = clip_middle(x, min(share, left) - 2, count)
+            out.append(cut)
+            left -= count(cut) + 2
+        else:
+            break
+    return out, len(items) - len(out)
 
 
 @dataclass(frozen=True)
@@ -29,6 +139,7 @@ class SummaryMeta:
     """What a summary message holds besides the header: the kept messages and its summary text."""
     kept: List[Candidate] = field(default_factory=list)
     body: str = ""      # carried text + the new summary text (what the next summary carries forward)
+    standing: List[str] = field(default_factory=list)   # its standing instructions (carried with priority)
 
 
 def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None
@@ -69,16 +180,22 @@ def trim_lines(text: str, budget: int, count: Callable[[str], int]) -> str:
     return "\n".join(lines)
 
 
-def compose(header: str, kept: Sequence[Candidate], carried: str, text: str) -> str:
-    """The summary message's content."""
+def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
+            standing: Sequence[str] = ()) -> str:
+    """The summary message's content: the kept messages, the standing instructions (an earlier summary's
+    and this one's, merged), the carried text, the new summary text (without its standing instructions)."""
     parts = [header]
     if kept:
         parts.append(USERS_HEADING + "\n" + "\n".join(
             (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept))
+    parts.append(STANDING_HEADING + ("\n" + "\n".join(standing) if standing else " none"))
     if carried.strip():
         parts.append(CARRIED_HEADING + "\n" + carried.strip())
-    parts.append(text.strip())
+    if text.strip():
+        parts.append(text.strip())
     return "\n\n".join(parts)
 
 
-__all__ = ["Candidate", "SummaryMeta", "plan_kept", "trim_lines", "compose", "USERS_HEADING", "CARRIED_HEADING"]
+__all__ = ["Candidate", "SummaryMeta", "plan_kept", "trim_lines", "compose", "USERS_HEADING", "CARRIED_HEADING",
+           "STANDING_HEADING", "message_text", "split_standing", "merge_standing", "trim_standing", "clip_middle",
+           "budget_items"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from ..policy import reserve_cells, resolve_window
+from ..policy import reserve_cells, resolve_window, summary_budget
 from ..summarizer import summarizer_request
 from .port import free_cells
 from .prober import PROBE_PROMPT
@@ -81,7 +81,11 @@ def _fork_tokens(engine, policy, template, tools, rubric: str, history_path: str
             len(_tok(engine, template.render(base, tools, False))) + 16
     probe = extra(PROBE_PROMPT.format(rubric=rubric))
     w0 = policy.window or engine.n_ctx
-    summ = extra(summarizer_request(history_path, policy.summary_tokens(w0), "x " * 16, overflow_users=["x " * 32] * 2))
+    # the over-budget user messages the prompt quotes: at most SummaryBudget.listed tokens (the session
+    # budgets them with the model's tokenizer), one filler token a word here
+    listed = summary_budget(policy, w0).listed
+    summ = extra(summarizer_request(history_path, policy.summary_tokens(w0), "x " * 16,
+                                    overflow_users=["x " * listed], omitted=1))
     return probe, summ
 
 

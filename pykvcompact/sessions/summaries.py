@@ -7,15 +7,20 @@ from typing import Dict, List, Optional
 
 from .. import events as ev
 from ..chat_template import common_prefix_len
+from ..policy import summary_budget
 from ..summarizer import (FIRST_HEADING, SUMMARY_HEADER, fallback_summary, looks_like_tool_call,
                           summarizer_request)
 from .context import Context
-from .keeper import Candidate, SummaryMeta, compose, plan_kept, trim_lines
+from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
+                     message_text, plan_kept, split_standing, trim_lines, trim_standing)
 from .ledger import Ledger
 from .messages import view_of
 from .summary_job import Summary, SummaryJob
 from .port import free_cells
 from .swap import Replacement
+
+
+MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
 
 
 class SummaryMaker:
@@ -25,18 +30,19 @@ class SummaryMaker:
         self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
         self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
+        self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
         meta = self.meta.get(id(msg))
         if meta is None:
             return None
-        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body}
+        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing}
 
     def restore(self, msg: dict, described: Optional[dict]) -> None:
         if described:
             self.meta[id(msg)] = SummaryMeta([Candidate(**c) for c in described.get("kept", [])],
-                                             described.get("body", ""))
+                                             described.get("body", ""), list(described.get("standing") or []))
 
     # ------------------------------------------------------------------ what is kept
     def _first_user(self) -> Optional[int]:
@@ -44,24 +50,29 @@ class SummaryMaker:
                      if m.get("role") == "user" and not m.get("summary")), None)
 
     def plan(self, mark: int):
-        """``(kept, overflow, carried)`` for a summary of ``entries[n_prefix:mark]``."""
+        """``(kept, overflow, carried, standing)`` for a summary of ``entries[n_prefix:mark]``: the messages
+        kept verbatim, the user messages over budget (handed to the summarizer), the earlier summaries'
+        text and their standing instructions (carried forward with priority)."""
         first = self._first_user()
-        cands, carried = [], []
+        cands, carried, standing = [], [], []
         for e in self.ctx.entries[self.ctx.n_prefix:mark]:
             if e.summary:
                 meta = self.meta.get(id(e.msg), SummaryMeta())
                 cands.extend(meta.kept)
-                carried.append(meta.body)
-            elif e.msg.get("role") == "user" or self.ledger.is_pinned(e.tidx):
-                text = e.msg.get("content") or ""
+                old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
+                standing.extend(meta.standing + old)
+                carried.append(body)
+            elif e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
+                text = message_text(e.msg)
+                pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
-                                       self.ledger.is_pinned(e.tidx), e.tidx == first))
+                                       pinned, e.tidx == first))
         cands.extend(self._pinned_elsewhere(cands))
         if self.tight:
             kept, overflow = plan_kept(cands, 0, must_limit=0)
         else:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
-        return kept, overflow, "\n".join(c for c in carried if c.strip())
+        return kept, overflow, "\n".join(c for c in carried if c.strip()), merge_standing(standing)
 
     def _pinned_elsewhere(self, cands) -> List[Candidate]:
         """Messages pinned after they left the live context: they come back verbatim in this summary."""
@@ -72,40 +83,54 @@ class SummaryMaker:
         out = []
         for i in sorted(self.ledger.pinned - held):
             m = self.ledger.transcript[i]
-            text = m.get("content") if isinstance(m.get("content"), str) else ""
+            text = message_text(m)
             out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, True, False))
         return out
 
     def room(self) -> int:
-        """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most half of
-        it (a quarter for the summary text, an eighth each for kept user messages and carried facts), so
-        that a swap always leaves room to work (small windows, long system prompts)."""
+        """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most the
+        policy's :class:`~..policy.SummaryBudget` (the cells reserved for it), and each part at most a
+        share of the room (a quarter for the summary text, half for the messages kept verbatim, an eighth
+        each for other user messages and the carried text), so that a swap always leaves room to work."""
         return max(0, self.limits.hard - self.ctx.prefix_tok() - self.limits.keep_recent)
 
     def user_budget(self) -> int:
-        return min(self.limits.keep_user, self.room() // 8)
+        return min(self.budget.users, self.limits.keep_user, self.room() // 8)
 
     def must_budget(self) -> int:
-        """The first user message and pinned messages are kept beyond the user budget, but not beyond half
-        of the room: a summary message bigger than what it replaces would gain nothing (those over
-        it are summarized with the instruction to keep every constraint verbatim)."""
-        return max(self.user_budget(), self.room() // 2)
+        """The first user message and pinned messages are kept beyond the user budget, within the policy's
+        ``kept`` budget (what the reservation counts) and half of the room: a summary message bigger than
+        what it replaces would gain nothing (those over it are handed to the summarizer, listed in its
+        prompt with the instruction to copy every constraint, and a ``kept_over_budget`` event says so)."""
+        return max(self.user_budget(), min(self.budget.kept, self.room() // 2))
 
     def text_budget(self) -> int:
-        return max(16, min(self.limits.summary, self.room() // 4))
+        return max(16, min(self.budget.text, self.limits.summary, self.room() // 4))
+
+    def carry_budget(self) -> int:
+        return min(self.budget.carried, self.room() // 8)
+
+    def list_budget(self) -> int:
+        """Tokens of over-budget user messages quoted in the summarizer's prompt (the fork's cells)."""
+        return max(16, min(self.budget.listed, self.room() // 4))
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool) -> SummaryJob:
         ctx = self.ctx
         mark_tok = ctx.mark_tok(mark)
-        kept, overflow, carried = self.plan(mark)
+        kept, overflow, carried, standing = self.plan(mark)
         self.summarized_users.extend(c.tidx for c in overflow)
+        musts = [c for c in overflow if c.pinned or c.first]
+        if musts and not self.tight:
+            self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), self.must_budget()))
+        count = lambda t: len(ctx.tok(t))  # noqa: E731
+        listed, omitted = budget_items([c.content for c in overflow], self.list_budget(), count)
         base = ctx.views()[:mark]
 
         def prompt(shorter: bool) -> List[int]:
             req = {"role": "user", "content": summarizer_request(
-                self.ledger.path, budget, instructions, shorter,
-                overflow_users=[c.content for c in overflow], has_earlier=bool(carried))}
+                self.ledger.path, budget, instructions, shorter, overflow_users=listed, omitted=omitted,
+                has_earlier=bool(carried or standing))}
             B = ctx.render(base)
             N = ctx.render(base + [req], True) + FIRST_HEADING
             c = len(B) if N.startswith(B) else common_prefix_len(B, N)
@@ -118,42 +143,88 @@ class SummaryMaker:
 
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark]]
         budget = self.text_budget()
+        over, spare = [c.content for c in overflow], self.spare(kept)
+        # a fallback's standing instructions beyond its budget only while the swap still gains clearly
+        p_tok, m_tok = ctx.span(mark)[:2]
+        spare = max(0, min(spare, (m_tok - p_tok) // 2 - sum(c.tokens for c in kept) - self.text_budget() - 64))
         return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
-                          fallback=lambda reason: self.fallback_text(msgs, reason, budget), detok=ctx.detok,
+                          fallback=lambda reason: self.fallback_text(msgs, reason, budget, over, spare),
+                          detok=ctx.detok,
                           max_tokens=budget, timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
-                          head=FIRST_HEADING, count=lambda t: len(ctx.tok(t)),
+                          head=FIRST_HEADING, count=count,
                           room=lambda n: free_cells(ctx.engine) >= n + 8)
 
-    def fallback_text(self, msgs, reason: str, budget: int) -> str:
+    def spare(self, kept) -> int:
+        """What the messages kept verbatim leave of their budget: standing instructions may use it."""
+        return max(0, self.must_budget() - sum(c.tokens for c in kept))
+
+    def fallback_text(self, msgs, reason: str, budget: int, overflow=(), spare: int = 0) -> str:
+        """The deterministic summary: the over-budget user messages verbatim (within the budget, less a
+        line, plus what the kept messages left of theirs: ``spare``) under "Standing instructions:",
+        then what the messages show."""
         budget = max(16, budget)
+        count = lambda t: len(self.ctx.tok(t))  # noqa: E731
+        standing, _ = budget_items(list(overflow), budget - 16 + spare, count, least=12) if overflow else ([], 0)
+        if standing:
+            budget = max(budget, count("\n".join(fallback_summary([], reason=reason, standing=standing).split("\n")[:-1]))
+                         + 24)
         text = fallback_summary([m for m in msgs if not looks_like_tool_call(m.get("content") or "")],
-                                reason=reason, max_chars=budget * 6)
+                                reason=reason, max_chars=budget * 6 + sum(len(x) for x in standing),
+                                standing=standing)
         lines = text.split("\n")
-        while len(lines) > 2 and len(self.ctx.tok("\n".join(lines))) > budget:
+        keep = len(standing) + 3 if standing else 0   # the marker, the heading, them, the last request
+        while len(lines) > max(2, keep + 1) and count("\n".join(lines)) > budget:
             lines.pop()  # least important last
         text = "\n".join(lines)
-        while len(self.ctx.tok(text)) > budget and len(text) > 40:
+        while count(text) > budget and len(text) > 40:
             text = text[: int(len(text) * 0.85)] + "…"
         return text
 
     # ------------------------------------------------------------------ the replacement
-    def replacement(self, mark: int, summary: Summary) -> Replacement:
-        kept, _, carried = self.plan(mark)
+    def replacement(self, mark: int, summary: Summary, level: int = 0) -> Replacement:
+        """The summary message for ``entries[n_prefix:mark]``.  ``level`` > 0: a smaller plan, for a swap
+        whose rebased context did not fit the pool (1: no carried text, a shorter summary; 2: only the
+        user budget kept verbatim; 3: the standing instructions and a short summary only)."""
+        kept, _, carried, old_standing = self.plan(mark)
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
-        carry = min(max(self.limits.summary // 2, self.limits.summary - summary.tokens), self.room() // 8)
-        carried = trim_lines(carried, carry, count)
+        new_standing, rest = split_standing(summary.text)
+        carry = self.carry_budget() + max(0, self.text_budget() - summary.tokens)
+        # the standing instructions may also take what the kept messages leave of their budget (less what a
+        # fallback summary's own standing instructions took of it beyond the text budget)
+        extra = max(0, self.spare(kept) - max(0, summary.tokens - self.text_budget()))
+        if level >= 1:
+            carry //= 2 ** level
+            rest = trim_lines_end(rest, self.text_budget() // (2 * level), count)
+        if level >= 2:
+            budget = self.user_budget() if level == 2 else 0
+            fit, used, over = [], 0, []
+            for c in kept:
+                (fit if used + c.tokens <= budget else over).append(c)
+                used += c.tokens if used + c.tokens <= budget else 0
+            if over:
+                self.emit(ev.KeptOverBudget([c.tidx for c in over], sum(c.tokens for c in over), budget, "no_room"))
+            kept = fit
+        if level >= 1:
+            extra //= 2 ** level
+        old_standing = trim_standing(old_standing, carry + extra, count)   # first: the standing instructions
+        used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
+        carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
+        standing = merge_standing(old_standing, new_standing)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
-        content = compose(header, kept, carried, summary.text)
+        content = compose(header, kept, carried, rest, standing)
         msg = {"role": "user", "content": content, "summary": True}
-        self.meta[id(msg)] = SummaryMeta(kept, (carried + "\n" + summary.text).strip())
+        self.meta[id(msg)] = SummaryMeta(kept, (carried + "\n" + rest).strip(), standing)
         view = view_of(msg)
         ctx = self.ctx
         pre = ctx.views()[:ctx.n_prefix]
         B = ctx.render(pre)
         N = ctx.render(pre + [view])
         r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
-        return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
+        rep = Replacement(mark, msg, view, r_text, ctx.tok(r_text))
+        if level < MAX_SHRINK:
+            rep.smaller = lambda: self.replacement(mark, summary, level + 1)
+        return rep
 
     def kept_tokens(self, msg) -> int:
         """Tokens of the messages a summary message carries verbatim (the cost of keeping them)."""
@@ -162,6 +233,15 @@ class SummaryMaker:
 
     def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
         return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts)
+
+
+def trim_lines_end(text: str, budget: int, count) -> str:
+    """``text`` within ``budget`` tokens, dropping its last lines first (the summary's headings come in
+    order of importance)."""
+    lines = (text or "").split("\n")
+    while lines and count("\n".join(lines)) > max(0, budget):
+        lines.pop()
+    return "\n".join(lines)
 
 
 __all__ = ["SummaryMaker"]

@@ -8,8 +8,8 @@ exactly as it was (the history file may hold the messages already; a retry does 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
 
 from .. import errors
 from .context import Context, Entry
@@ -25,11 +25,15 @@ class Replacement:
     view: Optional[dict]
     r_text: str
     tokens: List[int]
+    # a smaller plan for the same cut (None: there is none), used when this one's rebased context does not
+    # fit the pool: a swap that cannot fit must not fail the same way at every later call
+    smaller: Optional[Callable[[], Optional["Replacement"]]] = field(default=None, compare=False, repr=False)
 
 
 class Swap:
     def __init__(self, ctx: Context, ledger: Ledger, rebase_mode: str = "exact"):
         self.ctx, self.ledger, self.rebase_mode = ctx, ledger, rebase_mode
+        self.last: Optional[Replacement] = None   # what the latest swap put in (a smaller plan, maybe)
 
     def gain(self, rep: Replacement) -> int:
         """Tokens the swap frees (<= 0: not worth doing)."""
@@ -42,15 +46,24 @@ class Swap:
         span = ctx.span(rep.mark)
         before = len(ctx)
         self.ledger.offload(replaced, reason)                                   # (1)
-        if rep.msg is not None:
-            self.ledger.log(rep.msg, live=False)  # the summary is durable before anything changes
         t0 = time.perf_counter()
-        try:
-            info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
-        except BaseException:
+        while True:
             if rep.msg is not None:
-                self.ledger.unlog(len(self.ledger.transcript))
-            raise
+                self.ledger.log(rep.msg, live=False)  # the summary is durable before anything changes
+            try:
+                info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
+                break
+            except BaseException as e:
+                if rep.msg is not None:
+                    self.ledger.unlog(len(self.ledger.transcript))
+                smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)) \
+                    else None
+                while smaller is not None and len(smaller.tokens) >= len(rep.tokens) and smaller.smaller:
+                    smaller = smaller.smaller()   # (a plan that saves nothing here: the next one)
+                if smaller is None or len(smaller.tokens) >= len(rep.tokens):
+                    raise
+                rep, rb = smaller, None  # the pool has no room for this rebased context: a smaller one
+        self.last = rep
         entry = None                                                            # (3)
         if rep.msg is not None:
             entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)
