@@ -39,8 +39,10 @@ def _session_id(request: Request, req: ChatCompletionRequest) -> Optional[str]:
     sid = request.headers.get("x-session-id") or req.user
     if sid is not None:
         sid = sid.strip()
-        if not sid or len(sid) > 128 or not all(c.isascii() and (c.isalnum() or c in "-_.:@") for c in sid):
-            raise APIError(400, "a session id must be 1-128 characters of letters, digits and -_.:@",
+        # all dots: URLs cannot address it (clients resolve /v1/sessions/.. to /v1)
+        if not sid or len(sid) > 128 or not all(c.isascii() and (c.isalnum() or c in "-_.:@") for c in sid) \
+                or not sid.strip("."):
+            raise APIError(400, "a session id must be 1-128 characters of letters, digits and -_.:@, not only dots",
                            param="X-Session-Id")
     return sid
 

@@ -112,7 +112,9 @@ class ServerThread:
 
         self.app, self.engine, self.registry = build(config, engine)
         self._own_engine = engine is None
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the listening
+        # socket's proto says TCP; without it every response waits ~40 ms for the client's delayed ACK
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((config.host, config.port))
         self.host, self.port = self._sock.getsockname()[:2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 
 class FunctionCall(BaseModel):
@@ -120,7 +120,7 @@ class ChatCompletionRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: Optional[int] = Field(default=None, ge=0, lt=MAX_SEED)
     stop: Union[str, List[str], None] = None
-    stream: bool = False
+    stream: StrictBool = False  # 1 or "yes" is refused, not read as true
     stream_options: Optional[StreamOptions] = None
     tools: Optional[List[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None

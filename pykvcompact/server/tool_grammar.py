@@ -78,6 +78,9 @@ class _Alt:
         self.strings, self.other = 2 * pairs, pairs * (4 + 20)  # a key and a value each; ", " ": " and a number
 
     def _args(self, parameters) -> str:
+        if parameters is None:  # OpenAI: omitting parameters defines a function with an empty parameter list
+            self.fixed += "{}"
+            return _lit("{}")
         if not isinstance(parameters, dict) or "object" not in _types({"type": parameters.get("type", "object")}):
             return self._flat()
         props = parameters.get("properties") or {}

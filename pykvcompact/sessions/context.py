@@ -85,7 +85,12 @@ class Context:
         return self.partial.start_char if self.partial is not None else len(self.text)
 
     def prefix_tok(self) -> int:
-        return self.mark_tok(self.n_prefix)
+        # the first message after the prefix may start inside a token (its text merged with the prefix's
+        # end): count the prefix up to the next token boundary, an upper bound of what it keeps
+        for e in self.entries[self.n_prefix:]:
+            if e.start_tok is not None:
+                return e.start_tok
+        return self.end_tok()
 
     def prefix_char(self) -> int:
         return self.mark_char(self.n_prefix)
