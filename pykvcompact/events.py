@@ -118,6 +118,18 @@ class ToolRefused(Event):
 
 
 @dataclass
+class HistorySearched(Event):
+    """The session ran ``search_history`` (for the model, or the caller): the query and the offloaded lines
+    the result shows.  In a stream it also marks the end of a reply: the model replies again."""
+    query: str
+    lines: int
+    tokens: int
+    fill: float = 0.0
+    t: float = field(default_factory=time.time)
+    name = "history_searched"
+
+
+@dataclass
 class PreparationRestarted(Event):
     reason: str
     old_mark: int
@@ -139,8 +151,8 @@ class Dropped(Event):
 
 @dataclass
 class ProbeSkipped(Event):
-    """A probe was due but the model was not asked (``reason``: below_floor, no_cut_point, no_room,
-    committing, failed)."""
+    """A probe was due but the model was not asked (``reason``: no_signal (its probe is not trusted on this
+    model: calibration.py), below_floor, no_cut_point, no_room, committing, failed)."""
     reason: str
     fill: float = 0.0
     trigger: str = "interval"
@@ -184,11 +196,12 @@ dropped = Dropped
 probe_skipped = ProbeSkipped
 compaction_skipped = CompactionSkipped
 kept_over_budget = KeptOverBudget
+history_searched = HistorySearched
 
 ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
                            ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped,
-                           KeptOverBudget)}
+                           KeptOverBudget, HistorySearched)}
 
 __all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
            "ToolRefused", "PreparationRestarted", "Dropped", "ProbeSkipped",
-           "CompactionSkipped", "KeptOverBudget", "ALL"]
+           "CompactionSkipped", "KeptOverBudget", "HistorySearched", "ALL"]

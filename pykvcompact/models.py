@@ -22,6 +22,7 @@ import tempfile
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from . import progress
+from .calibration import ProbeCalibration
 from .errors import InvalidModelError, ModelNotFoundError
 
 __all__ = [
@@ -59,6 +60,7 @@ class ModelSpec:
     n_ctx_train: int
     extra: Optional[str] = None  # pykvcompact[<extra>] installs the packages
     cache_name: Optional[str] = None  # joined file name, for multi-part models
+    probe: Optional[ProbeCalibration] = None  # the rubric probe's measured AUC and threshold (calibration.py)
 
     @property
     def is_split(self) -> bool:
@@ -101,6 +103,10 @@ REGISTRY: Dict[str, ModelSpec] = {
             n_ctx_train=32768,
             extra="qwen-coder-1-5b",
             cache_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            # bench/eval/calibrate.py, 2026-12-02: 150 labelled points (25 boundaries), 5 families; the
+            # threshold keeps mid-sub-goal COMPRESS verdicts at 10% (it catches 20% of the boundaries)
+            probe=ProbeCalibration(threshold=0.506, auc=0.682, points=150, rubric="boundary",
+                                   source="bench/results/calibration-qwen2.5-coder-1.5b.json"),
         ),
         ModelSpec(
             name="qwen2.5-coder-0.5b",

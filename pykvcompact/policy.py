@@ -13,8 +13,9 @@ Modes (``Policy.mode``), as in the SelfCompact paper plus our background prepara
     the compaction tool alone, no probes (the paper's ablation); ``hard`` is the safety net.
 ``rubric``
     SelfCompact: a rubric probe every ``probe_every`` generated tokens and after every
-    ``probe_every_tools`` tool results; COMPRESS (p >= ``threshold``) summarizes synchronously; ``hard``
-    is the safety net.
+    ``probe_every_tools`` tool results; COMPRESS (p >= ``threshold``, by default the model's calibrated
+    one) summarizes synchronously; ``hard`` is the safety net.  On a model whose probe carries no signal
+    (``calibration.py``) the probe is not asked and the mode compacts at ``hard``.
 ``background`` (default)
     ``rubric``, but the summary is prepared in the background (``sessions/scheduler.py`` decides when:
     predicted time to ``hard`` against predicted preparation time, never later than ``soft``) and the
@@ -49,6 +50,7 @@ TOOL_MODES = ("fixed", "hard", "rubric", "background", "tool")
 
 # fixed token overheads (chat-template headers of the summary message, probe label tokens, slack)
 MAX_DEFAULT_SUMMARY = 512
+SEARCH_MIN_WINDOW = 1024   # history_tool=None offers search_history from this window up
 
 
 @dataclass
@@ -61,10 +63,11 @@ class Policy:
     keep_recent: float = 0.10
     probe_every: int = 256
     probe_on_tool_result: bool = True
-    rubric: str = "default"
-    threshold: float = 0.5
+    rubric: str = "boundary"             # the rubric measured best on the default model (calibration.py)
+    threshold: Optional[float] = None    # None: the model's calibrated threshold (calibration.py)
     rebase: str = "exact"
     compact_tool: bool = True
+    history_tool: Optional[bool] = None  # offer search_history (None: when the window is None or >= 1024)
     tool_min_fill: float = 0.5           # x the mode's trigger: the tool refuses below
     summary_max_tokens: Optional[int] = None  # None: window // 8 (at most 512)
     # extras (all have defaults)
@@ -86,6 +89,8 @@ class Policy:
         for name in ("hard", "soft", "fixed_at", "keep_recent", "tool_min_fill", "threshold", "probe_min_fill",
                      "early_start"):
             v = getattr(self, name)
+            if v is None and name == "threshold":
+                continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= float(v) <= 1.0):
                 raise ValueError(f"Policy.{name} must be a fraction in [0, 1], got {v!r}")
         if not 0 < self.hard <= 1:
@@ -112,6 +117,10 @@ class Policy:
             raise ValueError(f"Policy.summary_max_tokens must be an int >= 8 or None, got {self.summary_max_tokens!r}")
         if not isinstance(self.max_stall_ms, (int, float)) or self.max_stall_ms < 0:
             raise ValueError(f"Policy.max_stall_ms must be a number >= 0, got {self.max_stall_ms!r}")
+        if not isinstance(self.compact_tool, bool):
+            raise ValueError(f"Policy.compact_tool must be True or False, got {self.compact_tool!r}")
+        if self.history_tool is not None and not isinstance(self.history_tool, bool):
+            raise ValueError(f"Policy.history_tool must be True, False or None (auto), got {self.history_tool!r}")
         from . import rubrics
         rubrics.load(self.rubric)  # ValueError for an unknown name
         if self.summary_retries < 0:
@@ -129,6 +138,14 @@ class Policy:
     @property
     def offers_tool(self) -> bool:
         return self.compact_tool and self.mode in TOOL_MODES
+
+    @property
+    def offers_search(self) -> bool:
+        """search_history is offered: explicitly, or by default where its ~90-token schema is a small share
+        of the window (a window of at least SEARCH_MIN_WINDOW, or None: the largest that fits)."""
+        if self.history_tool is not None:
+            return self.history_tool
+        return self.window is None or self.window >= SEARCH_MIN_WINDOW
 
     def with_(self, **kw) -> "Policy":
         return replace(self, **kw)
@@ -247,14 +264,16 @@ def probe_skip_reason(p: Policy, lim: Limits, tokens: int) -> str:
     return ""
 
 
-def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int) -> tuple:
+def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int, threshold: Optional[float] = None) -> tuple:
     """(verdict, reason). The label probability decides, above the probe floor (``probe_min_fill`` x the
-    mode's trigger): below it there is nothing worth compacting, whatever the model says."""
+    mode's trigger): below it there is nothing worth compacting, whatever the model says.  ``threshold``:
+    the session's (the policy's, else the model's calibrated one, else 0.5)."""
     if tokens < lim.probe_min:
         return "CONTINUE", "below_floor"
     if p_compress != p_compress:  # NaN
         return "CONTINUE", "no_probability"
-    return ("COMPRESS" if p_compress >= p.threshold else "CONTINUE"), "model"
+    t = threshold if threshold is not None else p.threshold if p.threshold is not None else 0.5
+    return ("COMPRESS" if p_compress >= t else "CONTINUE"), "model"
 
 
 def tool_allowed(p: Policy, lim: Limits, tokens: int) -> bool:

@@ -26,13 +26,14 @@ import warnings
 import weakref
 from typing import Callable, Iterator, List, Optional, Sequence, Union
 
-from . import compaction_tool, events as ev
+from . import compaction_tool, events as ev, history_search
 from . import rubrics as _rubrics
 from .chat_template import ChatTemplate
 from .history import HistoryFile, check_session_id
 from .policy import Policy
-from .sessions.calls import CallLoop
+from .sessions.calls import CallLoop, tool_names
 from .sessions.compact_tool import CompactTool
+from .sessions.search_tool import SearchTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
 from .sessions.journal import Journal, log_path
@@ -44,6 +45,8 @@ from .sessions.room import Room
 from .sessions.sizing import check_base, release, reserve, session_cells
 from .sessions.summaries import SummaryMaker
 from .summarizer import Summarizer
+
+SESSION_TOOLS = (compaction_tool.NAME, history_search.NAME)  # the tools the session runs itself
 
 
 class Session(CallLoop):
@@ -94,6 +97,7 @@ class Session(CallLoop):
         self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._cur_tools = self._effective_tools(None)
+        self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
         self.window, cells = session_cells(engine, policy, self.template, self._cur_tools, self.rubric,
                                            self.history_path)
         self.limits = policy.limits(self.window)
@@ -108,6 +112,7 @@ class Session(CallLoop):
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
         self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
+        self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
         self._ledger.describe = self._maker.describe
         try:
             self._ledger.journal = _resume or Journal(self.log_path)
@@ -225,11 +230,16 @@ class Session(CallLoop):
         return load_session(cls, engine, path, **kwargs)
 
     def call_tool(self, name: str = compaction_tool.NAME, arguments: Optional[dict] = None) -> str:
-        """Run a session-handled tool as if the model had called it now (only ``compact_conversation``):
-        the assistant tool call and its result are added to the conversation; returns the result text."""
+        """Run a session-handled tool as if the model had called it now (``compact_conversation``, or
+        ``search_history`` with ``{"query": ...}``): the assistant tool call and its result are added to
+        the conversation; returns the result text."""
         self._check_open()
-        if name != compaction_tool.NAME:
-            raise ValueError(f"the session only runs {compaction_tool.NAME!r}; other tools belong to the caller")
+        if name not in SESSION_TOOLS:
+            raise ValueError(f"the session only runs {' and '.join(map(repr, SESSION_TOOLS))}; other tools "
+                             "belong to the caller")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise TypeError(f"arguments must be a dict, got {type(arguments).__name__}")
+        check_json(arguments, "arguments")
         call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
                 "function": {"name": name, "arguments": json.dumps(arguments or {})}}
         with self._one_call():
@@ -241,6 +251,13 @@ class Session(CallLoop):
     def compact_conversation(self) -> str:
         """The ``compact_conversation`` tool, called directly (see :meth:`call_tool`)."""
         return self.call_tool(compaction_tool.NAME)
+
+    def search_history(self, query: str) -> str:
+        """The ``search_history`` tool, called directly: the offloaded lines that match ``query``, as the
+        model would see them (the call and its result join the conversation; see :meth:`call_tool`)."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        return self.call_tool(history_search.NAME, {"query": query})
 
     def close(self) -> None:
         if self._closed:
@@ -279,8 +296,11 @@ class Session(CallLoop):
 
     def _effective_tools(self, tools) -> Optional[List[dict]]:
         base = check_tools(tools) if tools is not None else list(self.tools)
-        if self.policy.offers_tool and not any(t["function"]["name"] == compaction_tool.NAME for t in base):
+        names = {t["function"]["name"] for t in base}
+        if self.policy.offers_tool and compaction_tool.NAME not in names:
             base = base + [compaction_tool.TOOL]
+        if self.policy.offers_search and history_search.NAME not in names:
+            base = base + [history_search.TOOL]
         return base or None
 
     def _make_room(self, after_fn: Callable[[], int]) -> None:

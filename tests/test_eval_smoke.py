@@ -34,6 +34,16 @@ def test_scoring_is_normalised_whole_token_match():
     assert carries("Verified facts: R1 = 2447", "2447") and not carries("R1 = 244", "2447")
 
 
+def test_policy_names_with_the_search_suffix():
+    from bench.eval.__main__ import parse
+    from bench.eval.policies import is_known
+    assert is_known("background+search") and is_known("hard") and not is_known("peer+search")
+    assert not is_known("full+search") and not is_known("nope+search")
+    assert parse(["--policies", "hard,background+search"]).policies == ["hard", "background+search"]
+    with pytest.raises(SystemExit):
+        parse(["--policies", "peer+search"])
+
+
 def _consistent(m: dict) -> None:
     if m["accuracy"] is not None:
         assert 0.0 <= m["accuracy"] <= 1.0
@@ -57,7 +67,7 @@ def test_smoke_run_on_smollm2(tmp_path):
     from bench.eval.launch import command
     # the installed pykvcompact, as CI runs it (see bench/eval/launch.py)
     cmd = command("bench.eval", "--model", "smollm2-135m", "--episodes", "2", "--quick",
-                  "--families", "instructions", "--policies", "full,hard,peer", "--ratio", "1.2",
+                  "--families", "instructions", "--policies", "full,hard,hard+search,peer", "--ratio", "1.2",
                   "--threads", "1", "--out", str(out), "--quiet")
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,7 +76,9 @@ def test_smoke_run_on_smollm2(tmp_path):
         assert (out.parent / f"eval{suffix}").stat().st_size > 0
     eps = data["episodes"]
     assert sorted((e["policy"], e["seed"]) for e in eps) == sorted(
-        (p, s) for p in ("full", "hard", "peer") for s in (1000, 1001))
+        (p, s) for p in ("full", "hard", "hard+search", "peer") for s in (1000, 1001))
+    assert "hard+search" in data["metrics"] and all(
+        isinstance(e.get("search_calls", 0), int) for e in eps)
     for e in eps:
         assert e["answers"] and all(isinstance(a["correct"], bool) for a in e["answers"])
         assert e["wall_s"] > 0

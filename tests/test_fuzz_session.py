@@ -423,7 +423,7 @@ def test_fuzz_session_on_the_tiny_model(tiny_engine, ops, tmp_path_factory):
     """The same property on a real engine (real tokenizer, Jinja template, native sampler)."""
     tmp = tmp_path_factory.mktemp("fzt")
     s = pk.Session(tiny_engine, system="You are a test.", history_dir=tmp,
-                   policy=pk.Policy(mode="hard", window=512, summary_max_tokens=16, compact_tool=False))
+                   policy=pk.Policy(mode="hard", window=512, summary_max_tokens=16, compact_tool=False, history_tool=False))
     try:
         for op in ops:
             before = s.transcript

@@ -21,6 +21,7 @@ def session(mode, tmp_path, responder=None, **pol):
     eng = FakeEngine(n_ctx=8192, responder=responder, probe_fn=lambda t: 0.9)
     pol.setdefault("summary_max_tokens", 64)
     pol.setdefault("compact_tool", False)
+    pol.setdefault("history_tool", False)  # likewise search_history (tests/test_history_search.py)
     return eng, pk.Session(eng, system="You are a coding agent.", history_dir=tmp_path, session_id=f"i-{mode}",
                            policy=pk.Policy(mode=mode, window=1000, **pol))
 

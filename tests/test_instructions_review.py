@@ -19,6 +19,7 @@ def mk(tmp_path, mode="hard", window=1000, system="You are a coding agent.", res
     eng = FakeEngine(n_ctx=n_ctx, responder=responder, probe_fn=lambda t: probe)
     pol.setdefault("summary_max_tokens", 64)
     pol.setdefault("compact_tool", False)
+    pol.setdefault("history_tool", False)  # likewise search_history (tests/test_history_search.py)
     s = pk.Session(eng, system=system, history_dir=tmp_path, session_id=sid,
                    policy=pk.Policy(mode=mode, window=window, **pol))
     return eng, s
@@ -43,7 +44,7 @@ def asked(prompt):
 def test_long_first_message_never_wedges_the_session(tmp_path):
     eng = FakeEngine(n_ctx=4096)
     s = pk.Session(eng, system="You are a coding agent.", history_dir=tmp_path,
-                   policy=pk.Policy(mode="hard", compact_tool=False))  # window=None: the largest that fits
+                   policy=pk.Policy(mode="hard", compact_tool=False, history_tool=False))  # window=None: the largest that fits
     task = "TASK " + " ".join(f"t{k}" for k in range(500)) + " FINAL: never touch billing.py."
     s.chat(task, max_tokens=8)
     for i in range(60):
@@ -57,7 +58,7 @@ def test_long_first_message_never_wedges_the_session(tmp_path):
 def test_task_and_pins_fit_the_reservation(tmp_path):
     eng = FakeEngine(n_ctx=2048, probe_fn=lambda t: 0.9)
     s = pk.Session(eng, system="sys", history_dir=tmp_path, session_id="c",
-                   policy=pk.Policy(mode="hard", compact_tool=False, summary_max_tokens=64))
+                   policy=pk.Policy(mode="hard", compact_tool=False, history_tool=False, summary_max_tokens=64))
     s.chat("TASK " + " ".join(f"t{k}" for k in range(150)), max_tokens=8)
     for j in range(3):
         s.chat({"role": "user", "content": f"PIN{j} " + " ".join(f"p{j}_{k}" for k in range(50)), "pinned": True},
@@ -237,5 +238,5 @@ def test_huge_keep_user_tokens_is_clamped(tmp_path):
     eng, s = mk(tmp_path, keep_user_tokens=10 ** 6, sid="hk")
     assert s.window == 1000
     s2 = pk.Session(FakeEngine(n_ctx=8192), history_dir=tmp_path, session_id="hk2",
-                    policy=pk.Policy(mode="hard", keep_user_tokens=10 ** 6, compact_tool=False))
+                    policy=pk.Policy(mode="hard", keep_user_tokens=10 ** 6, compact_tool=False, history_tool=False))
     assert s2.window > 1000

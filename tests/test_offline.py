@@ -82,7 +82,7 @@ def test_a_session_runs_offline(no_network, tmp_path):
     try:
         s = pk.Session(eng, system="You are terse.", history_dir=str(tmp_path),
                        policy=pk.Policy(mode="background", window=1024, summary_max_tokens=32,
-                                        probe_every=10_000, compact_tool=False))
+                                        probe_every=10_000, compact_tool=False, history_tool=False))
         pieces = []
         for i in range(12):
             text = f"Step {i}: " + " ".join(f"row {i}.{k}={k * i}" for k in range(14))

@@ -29,6 +29,7 @@ def _policy(mode="hard", **kw):
     kw.setdefault("window", 600)
     kw.setdefault("summary_max_tokens", 48)
     kw.setdefault("compact_tool", False)
+    kw.setdefault("history_tool", False)  # likewise search_history (tests/test_history_search.py)
     return pk.Policy(mode=mode, **kw)
 
 
@@ -405,7 +406,7 @@ def test_a_current_snapshot_always_resumes_with_its_kv_state(tiny_model_path, tm
     eng = pk.Engine(tiny_model_path, n_ctx=4096, n_seq_max=8, seed=0, n_threads=1, flash_attn=False)
     try:
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id="kv",
-                       policy=pk.Policy(mode="hard", window=1024, compact_tool=False))
+                       policy=pk.Policy(mode="hard", window=1024, compact_tool=False, history_tool=False))
         resumed = []
         for i in range(5):
             s.chat(f"message {i}", max_tokens=12)
@@ -425,7 +426,7 @@ def test_a_session_loaded_into_a_smaller_engine_is_usable_or_refused_clearly(tin
     big = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=8, seed=0, n_threads=1, flash_attn=False)
     try:
         s = pk.Session(big, system="You are a test.", history_dir=tmp_path, session_id="w",
-                       policy=pk.Policy(mode="hard", summary_max_tokens=24, compact_tool=False))
+                       policy=pk.Policy(mode="hard", summary_max_tokens=24, compact_tool=False, history_tool=False))
         i = 0
         while len(s.tokens) < 1000:
             s.add([{"role": "user", "content": _msg(i)}, {"role": "assistant", "content": f"ok {i}"}])
@@ -456,7 +457,7 @@ def test_save_with_a_pending_background_preparation_resumes_with_kv(tiny_model_p
     eng = pk.Engine(tiny_model_path, n_ctx=4096, n_seq_max=12, seed=0, n_threads=1, flash_attn=False)
     try:
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id="bg",
-                       policy=pk.Policy(mode="background", window=320, summary_max_tokens=24, compact_tool=False))
+                       policy=pk.Policy(mode="background", window=320, summary_max_tokens=24, compact_tool=False, history_tool=False))
         i = 0
         while s._compactor.prep is None:
             s.chat(_msg(i), max_tokens=8)
@@ -485,7 +486,7 @@ def test_a_damaged_kv_blob_falls_back_to_prefill_and_leaks_nothing(damage, tiny_
     eng = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=8, seed=0, n_threads=1, flash_attn=False)
     try:
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id="dmg",
-                       policy=pk.Policy(mode="hard", window=320, summary_max_tokens=24, compact_tool=False))
+                       policy=pk.Policy(mode="hard", window=320, summary_max_tokens=24, compact_tool=False, history_tool=False))
         for i in range(2):
             s.chat(_msg(i), max_tokens=8)
         s.save(tmp_path / "dmg.pkv")
@@ -574,7 +575,7 @@ def test_a_failed_history_write_leaves_no_half_block(tmp_path, monkeypatch):
 def test_a_load_into_a_much_smaller_engine_is_refused_clearly(tmp_path):
     eng = FakeEngine(n_ctx=4096)
     s = pk.Session(eng, system="You are a test.", policy=pk.Policy(mode="hard", window=None, summary_max_tokens=48,
-                                                                   keep_user_tokens=0, compact_tool=False),
+                                                                   keep_user_tokens=0, compact_tool=False, history_tool=False),
                    session_id="small", history_dir=tmp_path)
     for i in range(80):
         s.chat(user_msg(i, 12), max_tokens=8)

@@ -14,7 +14,8 @@ from pykvcompact import rubrics
 def test_defaults_match_the_spec():
     p = pk.Policy()
     assert (p.mode, p.window, p.hard, p.soft, p.fixed_at, p.keep_recent) == ("background", None, 0.85, 2 / 3, 0.30, 0.10)
-    assert (p.probe_every, p.probe_on_tool_result, p.rubric, p.threshold, p.rebase) == (256, True, "default", 0.5, "exact")
+    assert (p.probe_every, p.probe_on_tool_result, p.rubric, p.threshold, p.rebase) == (256, True, "boundary", None, "exact")
+    assert p.history_tool is None and p.offers_search and p.compact_tool  # both tools offered (auto: window None)
     assert (p.compact_tool, p.tool_min_fill, p.summary_max_tokens) == (True, 0.5, None)
     assert (p.max_stall_ms, p.keep_user_tokens, p.probe_every_tools) == (500, None, 1)
     # the summary budget and the kept user messages scale with the window (1/8; the summary at most 512)

@@ -398,7 +398,7 @@ def test_two_sessions_share_one_remote_engine(stub, tmp_path):
     stub.reply = "Noted."
     eng = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok(), n_ctx=4096)
     try:
-        policy = pk.Policy(mode="hard", window=2048, summary_max_tokens=64, compact_tool=False)
+        policy = pk.Policy(mode="hard", window=2048, summary_max_tokens=64, compact_tool=False, history_tool=False)
         a = pk.Session(eng, policy=policy, history_dir=tmp_path, session_id="a")
         b = pk.Session(eng, policy=policy, history_dir=tmp_path, session_id="b")  # each request has the whole n_ctx
         assert a.chat("hi", max_tokens=4)["choices"][0]["message"]["content"]
@@ -513,7 +513,7 @@ def test_session_compacts_through_remote_engine(llama_server, tmp_path):
     eng = pk.RemoteEngine(llama_server, "smollm2-135m", tokenizer="smollm2-135m", n_ctx=4096)
     s = pk.Session(eng, system="You are a concise assistant. Answer in one short sentence.",
                    policy=pk.Policy(mode="background", window=768, summary_max_tokens=32, probe_every=32,
-                                    summary_retries=0, compact_tool=False),
+                                    summary_retries=0, compact_tool=False, history_tool=False),
                    history_dir=tmp_path, session_id="remote-bg")
     try:
         answers = []

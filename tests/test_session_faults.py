@@ -37,7 +37,7 @@ def eng(tiny_model_path):
 
 def session(eng, tmp_path, sid, mode="background"):
     return pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id=sid,
-                      policy=pk.Policy(mode=mode, window=320, summary_max_tokens=24, compact_tool=False))
+                      policy=pk.Policy(mode=mode, window=320, summary_max_tokens=24, compact_tool=False, history_tool=False))
 
 
 def same_as_its_log(s, eng):

@@ -22,7 +22,7 @@ import pykvcompact as pk
 model, hist, snap = sys.argv[1:4]
 eng = pk.Engine(model, n_ctx=2048, n_seq_max=8, seed=0, n_threads=1)
 log = os.path.join(hist, "kill.log.jsonl")
-pol = pk.Policy(mode="background", window=320, summary_max_tokens=24, keep_user_tokens=32, compact_tool=False)
+pol = pk.Policy(mode="background", window=320, summary_max_tokens=24, keep_user_tokens=32, compact_tool=False, history_tool=False)
 if os.path.exists(snap):
     s = pk.Session.load(eng, snap)
 elif os.path.exists(log):

@@ -22,6 +22,7 @@ def make(mode="background", window=600, n_ctx=4096, tmp_path=None, responder=Non
     pol.setdefault("probe_every", 32)
     pol.setdefault("keep_user_tokens", 0)  # the first user message is still kept; test_instructions covers the rest
     pol.setdefault("compact_tool", False)  # its definition costs ~500 fake tokens; the tool tests turn it on
+    pol.setdefault("history_tool", False)  # likewise search_history (tests/test_history_search.py)
     s = pk.Session(eng, system=system, policy=pk.Policy(mode=mode, window=window, **pol), session_id=f"t-{mode}",
                    history_dir=tmp_path)
     return eng, s
@@ -366,7 +367,7 @@ def test_other_tool_calls_are_handed_back(tmp_path):
         return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     eng = FakeEngine(responder=responder)
-    s = pk.Session(eng, policy=pk.Policy(mode="hard", window=800, summary_max_tokens=48, compact_tool=False), tools=tools,
+    s = pk.Session(eng, policy=pk.Policy(mode="hard", window=800, summary_max_tokens=48, compact_tool=False, history_tool=False), tools=tools,
                    history_dir=tmp_path)
     r = s.chat("weather?", max_tokens=40)
     ch = r["choices"][0]
@@ -401,7 +402,7 @@ def test_hypothesis_transcript_is_offloaded_plus_live_and_tail_never_splits_tool
     eng = FakeEngine(n_ctx=4096)
     s = pk.Session(eng, system="sys", history_dir=d,
                    policy=pk.Policy(mode=mode, window=500, keep_recent=keep, summary_max_tokens=32, probe_every=64,
-                                    fixed_at=0.4, compact_tool=False))
+                                    fixed_at=0.4, compact_tool=False, history_tool=False))
     for a in actions:
         if a == "compact":
             s.compact()

@@ -16,7 +16,7 @@ def test_a_snapshot_resumes_with_its_kv_state_and_answers_the_same(tiny_model_pa
     eng = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=8, seed=0, flash_attn=False, n_threads=1)
     try:
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id="res",
-                       policy=pk.Policy(mode="hard", window=300, summary_max_tokens=24, compact_tool=False))
+                       policy=pk.Policy(mode="hard", window=300, summary_max_tokens=24, compact_tool=False, history_tool=False))
         run(s, 0, 8)
         assert any(e.name == "rebased" for e in s.events)
         s.pin(1)
@@ -42,7 +42,7 @@ def test_another_context_size_prefills_again_and_keeps_everything(tiny_model_pat
     other = pk.Engine(tiny_model_path, n_ctx=1536, n_seq_max=8, seed=0, n_threads=1)
     try:
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path, session_id="res2",
-                       policy=pk.Policy(mode="background", window=300, summary_max_tokens=24, compact_tool=False))
+                       policy=pk.Policy(mode="background", window=300, summary_max_tokens=24, compact_tool=False, history_tool=False))
         run(s, 0, 6)
         s.save(tmp_path / "res2.pkv")
         s2 = pk.Session.load(other, tmp_path / "res2.pkv")

@@ -19,7 +19,7 @@ def test_a_stream_closed_as_the_reply_begins_leaves_tokens_equal_to_the_render(t
     eng = FakeEngine(n_ctx=8192)
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    policy=pk.Policy(mode="hard", window=400, summary_max_tokens=16, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     for i in range(3):
         s.chat(f"u{i} " + words(40, f"c{i}_"), max_tokens=8)
     it = s.stream("u3 " + words(40, "c3_"), max_tokens=8)
@@ -57,7 +57,7 @@ def test_the_edge_waits_when_the_summary_rate_is_not_known_yet(tmp_path, monkeyp
     eng = FakeEngine(n_ctx=8192, bg_polls=6)
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    policy=pk.Policy(mode="background", window=2000, summary_max_tokens=64, keep_user_tokens=400,
-                                    compact_tool=False, max_stall_ms=10000))
+                                    compact_tool=False, history_tool=False, max_stall_ms=10000))
     i = 0
     while (s._compactor.prep is None or s._compactor.prep.fallback is None) and i < 60:
         s.add([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": words(40, f"a{i}_")}])
@@ -81,7 +81,7 @@ def test_a_looping_summary_is_not_kept_as_a_trimmed_summary(tmp_path, mode):
     eng = FakeEngine(n_ctx=8192, responder=responder, bg_polls=3 if mode == "background" else 0)
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    policy=pk.Policy(mode=mode, window=1500, summary_max_tokens=120, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     for i in range(6):
         s.chat(f"u{i} " + words(60, f"c{i}_"), max_tokens=16)
     s.compact()
@@ -106,7 +106,7 @@ def test_a_prepared_rebase_is_released_when_the_swap_is_interrupted(tmp_path, mo
     eng = FakeEngine(n_ctx=8192)
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    policy=pk.Policy(mode="background", window=800, summary_max_tokens=32, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     with pytest.raises(KeyboardInterrupt):
         for i in range(40):
             s.chat(f"u{i} " + words(30, f"c{i}_"), max_tokens=16)
@@ -135,7 +135,7 @@ def test_a_retried_summary_attempt_gets_the_preparations_rows(tmp_path, monkeypa
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    summarizer=Summarizer(["empty"]),  # the first attempt fails: a retry follows
                    policy=pk.Policy(mode="background", window=1000, summary_max_tokens=32, keep_user_tokens=0,
-                                    compact_tool=False, chunk_tokens=4, summary_retries=1))
+                                    compact_tool=False, history_tool=False, chunk_tokens=4, summary_retries=1))
     for i in range(12):
         s.chat(f"u{i} " + words(60, f"c{i}_"), max_tokens=8)
     failed = [e for e in s.events if e.name == "summary_failed"]
@@ -153,7 +153,7 @@ def test_a_large_turn_seen_a_while_ago_still_gets_room_from_one_swap(tmp_path):
     eng = FakeEngine(n_ctx=8192, bg_polls=2)
     s = pk.Session(eng, system="You are a test. " + words(150, "sys"), history_dir=tmp_path,
                    policy=pk.Policy(mode="background", window=1024, summary_max_tokens=24, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     per_call = []
     for i in range(40):
         n0 = len(s.events)

@@ -29,7 +29,7 @@ def test_one_large_call_does_not_restart_the_preparation_on_every_call(tmp_path)
     eng = FakeEngine(n_ctx=16384, bg_polls=3)
     s = pk.Session(eng, system="You are a test. " + words(20, "sys"), history_dir=tmp_path,
                    policy=pk.Policy(mode="background", window=512, summary_max_tokens=24, keep_user_tokens=64,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     for i, n in enumerate([153] + [20] * 16):
         s.chat(f"u{i} " + words(n, f"c{i}_"), max_tokens=32)
         check_invariants(s)
@@ -54,7 +54,7 @@ def test_a_no_gain_skip_does_not_stop_the_schedule_for_the_rest_of_the_session(t
     eng = FakeEngine(n_ctx=8192, bg_polls=4)
     s = pk.Session(eng, system="You are a test. " + words(20, "sys"), history_dir=tmp_path,
                    policy=pk.Policy(mode="background", window=1024, summary_max_tokens=24, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     for i, n in enumerate([40, 40, 340] + [40] * 30):
         s.chat(f"u{i} " + words(n, f"c{i}_"), max_tokens=8)
         check_invariants(s)
@@ -78,7 +78,7 @@ def test_a_no_gain_skip_does_not_raise_the_hard_limit_for_the_rest_of_the_sessio
     eng = FakeEngine(n_ctx=8192)
     s = pk.Session(eng, system="You are a test. " + words(20, "sys"), history_dir=tmp_path,
                    policy=pk.Policy(mode="hard", window=1024, summary_max_tokens=24, keep_user_tokens=0,
-                                    compact_tool=False))
+                                    compact_tool=False, history_tool=False))
     over = []
     for i, n in enumerate([150, 230, 20] + [40] * 12):
         s.chat(f"u{i} " + words(n, f"c{i}_"), max_tokens=8)
@@ -103,7 +103,7 @@ def test_a_tool_result_is_live_when_the_model_answers_it(tmp_path):
     reply is written; a restart / a turn-end start may cut before them, never after them."""
     eng = FakeEngine(n_ctx=8192, bg_polls=6)
     s = pk.Session(eng, system="You are a test. " + words(40, "sys"), history_dir=tmp_path,
-                   policy=pk.Policy(mode="background", window=1024, compact_tool=False))
+                   policy=pk.Policy(mode="background", window=1024, compact_tool=False, history_tool=False))
     s.chat("Please read the files and fix the bug.", max_tokens=16)
     unseen = []
     for i in range(14):
@@ -137,7 +137,7 @@ def test_the_first_user_message_is_not_dropped_by_a_summarizing_mode(tmp_path):
     for mode in ("hard", "background"):
         eng = FakeEngine(n_ctx=8192)
         s = pk.Session(eng, system="You are a test. " + words(20, "sys"), history_dir=tmp_path,
-                       policy=pk.Policy(mode=mode, window=512, summary_max_tokens=16, compact_tool=False))
+                       policy=pk.Policy(mode=mode, window=512, summary_max_tokens=16, compact_tool=False, history_tool=False))
         s.chat("TASK: " + words(73, "t"), max_tokens=32)
         s.chat("DATA: " + words(150, "d"), max_tokens=32)
         check_invariants(s)

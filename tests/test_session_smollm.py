@@ -23,6 +23,7 @@ def run(engine, mode, tmp_path, turns=12, **kw):
     kw.setdefault("summary_max_tokens", 48)
     kw.setdefault("probe_every", 10_000)
     kw.setdefault("compact_tool", False)
+    kw.setdefault("history_tool", False)  # likewise search_history (tests/test_history_search.py)
     s = pk.Session(engine, system="You are a concise assistant. Answer in one short sentence.",
                    policy=pk.Policy(mode=mode, window=WINDOW, **kw), history_dir=tmp_path, session_id=f"smol-{mode}")
     answers = []
@@ -173,7 +174,7 @@ def test_two_window_1024_sessions_fit_on_n_ctx_4096(smollm_engine, tmp_path):
 
 def test_pinned_text_is_in_the_sequence_tokens_after_compactions(smollm_engine, tmp_path):
     s = pk.Session(smollm_engine, system="You are terse.", history_dir=tmp_path, session_id="pin",
-                   policy=pk.Policy(mode="hard", window=WINDOW, compact_tool=False))
+                   policy=pk.Policy(mode="hard", window=WINDOW, compact_tool=False, history_tool=False))
     try:
         task = "Deploy on port 8137 and never modify billing.py."
         s.chat(task, max_tokens=4)

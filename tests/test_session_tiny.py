@@ -14,7 +14,7 @@ def _turn_text(i):
 @pytest.mark.parametrize("mode", ["none", "fixed", "hard", "rubric", "background"])
 def test_tiny_every_mode_crosses_the_window(mode, tiny_engine, tmp_path):
     s = pk.Session(tiny_engine, system="sys", history_dir=tmp_path,
-                   policy=pk.Policy(mode=mode, window=384, summary_max_tokens=24, probe_every=32, compact_tool=False))
+                   policy=pk.Policy(mode=mode, window=384, summary_max_tokens=24, probe_every=32, compact_tool=False, history_tool=False))
     try:
         st0 = tiny_engine.stats()
         usage = 0

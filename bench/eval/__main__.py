@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from .families import FAMILIES
-from .policies import POLICIES, Settings, full_window
+from .policies import POLICIES, Settings, full_window, is_known
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
@@ -25,7 +25,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--episodes", type=int, default=10, help="episodes per family")
     ap.add_argument("--quick", action="store_true", help="small window and episodes (smoke run)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated subset")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated subset; NAME+search adds the search_history tool (e.g. background+search)")
     ap.add_argument("--window", type=int, default=None, help="override the window (tokens)")
     ap.add_argument("--ratio", type=float, default=None, help="episode history / window (default 4, quick 3)")
     ap.add_argument("--seed", type=int, default=1000, help="first episode seed (kept apart from calibration)")
@@ -37,7 +38,7 @@ def parse(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     for name, allowed in (("families", FAMILIES), ("policies", POLICIES)):
         vals = [v for v in getattr(args, name).split(",") if v]
-        bad = [v for v in vals if v not in allowed]
+        bad = [v for v in vals if not (v in allowed or (name == "policies" and is_known(v)))]
         if bad or not vals:
             ap.error(f"--{name}: unknown {bad or 'empty'}; choose from {', '.join(allowed)}")
         setattr(args, name, vals)
@@ -77,7 +78,7 @@ def _write(args, settings, out: str, results: list, duration_s: float) -> list:
             "episodes_per_family": args.episodes, "window": settings.window, "full_window": full_window(settings),
             "ratio": settings.ratio, "quick": args.quick, "families": args.families, "policies": args.policies,
             "seed": args.seed, "duration_s": duration_s, "settings": vars(settings), "driven_by": "environment",
-            "threads": args.threads, "cpu_count": os.cpu_count()}
+            "threads": args.threads, "cpu_count": os.cpu_count(), "skipped": getattr(args, "skipped", {})}
     table = metrics.table(results)
     families = [f for f in args.families if any(r["family"] == f for r in results)]
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

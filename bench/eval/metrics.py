@@ -63,6 +63,8 @@ def summarize(results: List[dict]) -> dict:
         "stalls_ms_max": max(stalls) if stalls else None,
         "stalls_ms_median": statistics.median(stalls) if stalls else None,
         "probes": len(probes),
+        "search_calls": sum(r.get("search_calls", 0) for r in results),
+        "search_found": sum(r.get("search_found", 0) for r in results),
         "probe_auc": auc([p["p"] for p in probes if p["label"] == "boundary"],
                          [p["p"] for p in probes if p["label"] == "mid"]),
     }

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 POLICIES = ("full", "none", "fixed", "hard", "rubric", "background", "tool", "peer")
+SEARCH = "+search"   # a suffix: the same policy with the search_history tool (the others run without it)
+
+
+def is_known(name: str) -> bool:
+    base = name[:-len(SEARCH)] if name.endswith(SEARCH) else name
+    return base in POLICIES and not (name.endswith(SEARCH) and base in ("full", "peer"))
 RUBRIC_OF_FAMILY = {"ledger": "default", "search": "search", "code": "coding", "math": "math",
                     "instructions": "default"}
 
@@ -23,6 +29,7 @@ class Settings:
     probe_every: int = 256
     ratio: float = 4.0             # episode history / window
     compact_tool: bool = True      # offer compact_conversation in every summarizing mode (always in ``tool``)
+    rubric: str = "boundary"       # the probe's rubric ("family": each family's own, RUBRIC_OF_FAMILY)
 
     @classmethod
     def quick(cls) -> "Settings":
@@ -36,10 +43,14 @@ def full_window(settings: Settings) -> int:
 
 
 def make_policy(name: str, family: str, settings: Settings):
+    """``name`` is one of POLICIES but the peer, optionally with the ``+search`` suffix."""
     import pykvcompact as pk
 
+    search = name.endswith(SEARCH)
+    name = name[:-len(SEARCH)] if search else name
     common = dict(summary_max_tokens=settings.summary_max_tokens, probe_every=settings.probe_every,
-                  rubric=RUBRIC_OF_FAMILY.get(family, "default"))
+                  rubric=RUBRIC_OF_FAMILY.get(family, "default") if settings.rubric == "family" else settings.rubric,
+                  history_tool=search)
     if name == "full":
         return pk.Policy(mode="none", window=full_window(settings), compact_tool=False, **common)
     if name in ("none", "fixed", "hard", "rubric", "background"):

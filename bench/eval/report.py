@@ -27,8 +27,8 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
         lines.append(f"| {pol} | " + " | ".join(cells) + " |")
     lines += ["", "## Cost and compaction (all families)", "",
               "| policy | tokens/episode | prefill | decode | probe | background | wall s/episode | compactions "
-              "| at boundary | mean fill | summary tok | kept verbatim tok | fact recall | probe AUC | worst stall ms |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| at boundary | mean fill | summary tok | kept verbatim tok | fact recall | probe AUC | worst stall ms | history searches (found an answer) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for pol in policies:
         m = metrics.get(pol, {}).get("all")
         if not m:
@@ -39,7 +39,8 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
             f"{t['probe'] / e:.0f} | {t['background'] / e:.0f} | {_f(m['wall_s_per_episode'], '{:.1f}')} | "
             f"{m['compactions']} | {m['compactions_at_boundary']} | {_f(m['compaction_fill_mean'])} | "
             f"{_f(m.get('summary_tokens_mean'), '{:.0f}')} | {_f(m.get('kept_tokens_mean'), '{:.0f}')} | "
-            f"{_f(m['fact_recall_mean'])} | {_f(m['probe_auc'])} | {_f(m['stalls_ms_max'], '{:.0f}')} |")
+            f"{_f(m['fact_recall_mean'])} | {_f(m['probe_auc'])} | {_f(m['stalls_ms_max'], '{:.0f}')} | "
+            f"{m.get('search_calls', 0)} ({m.get('search_found', 0)}) |")
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ def run_all(args, settings: Settings, history_dir: str, log: Callable[[str], Non
     ours = [p for p in args.policies if p != "peer"]
     n_ctx = max(full_window(settings), 2 * settings.window + 1024) + 256
     results: List[dict] = []
+    skipped = args.skipped = {}  # policy -> why it cannot run at this window (in the JSON's meta)
     engine = pk.Engine(model_path, n_ctx=n_ctx, n_seq_max=8, n_threads=threads)
     try:
         for family in args.families:
@@ -29,6 +30,11 @@ def run_all(args, settings: Settings, history_dir: str, log: Callable[[str], Non
                             ratio=settings.ratio) for i in range(args.episodes)]
             for ep in episodes:
                 for pol in ours:
+                    why = infeasible(engine, ep, pol, settings, history_dir)
+                    if why:  # e.g. fixed (30%) at a small window: the tools alone fill its trigger
+                        skipped.setdefault(pol, why)
+                        log(f"{family:12} seed {ep.seed:5} {pol:10} skipped: {why}")
+                        continue
                     results.append(run_episode(engine, ep, pol, settings, history_dir))
                     log(_line(results[-1]))
             if "peer" in args.policies:
@@ -41,6 +47,19 @@ def run_all(args, settings: Settings, history_dir: str, log: Callable[[str], Non
     finally:
         engine.close()
     return results
+
+
+def infeasible(engine, ep, policy_name: str, settings: Settings, history_dir: str) -> str:
+    """Why the session of ``policy_name`` cannot be created for ``ep`` ("" when it can)."""
+    import pykvcompact as pk
+
+    from .policies import make_policy
+    try:
+        pk.Session(engine, system=ep.system, policy=make_policy(policy_name, ep.family, settings), tools=ep.tools,
+                   history_dir=history_dir, session_id=f"preflight-{ep.family}-{ep.seed}").close()
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def _line(r: dict) -> str:

@@ -22,6 +22,25 @@ def token_delta(before: dict, after: dict, decode: int) -> dict:
     return out
 
 
+def _answer(session, env, prompt: str, settings, *, searching: bool):
+    """The reply to one final question and its completion tokens.  Without the search tool the reply is
+    constrained to one line of text.  With it the model may first call ``search_history`` (the session runs
+    it and the model answers from the result); a reply that is not text (another tool call) is answered by
+    the environment and the question asked again, constrained."""
+    if not searching:
+        r = session.chat(prompt, max_tokens=settings.answer_tokens, grammar=ANSWER_GRAMMAR)
+        return r["choices"][0]["message"].get("content") or "", r["usage"]["completion_tokens"]
+    r = session.chat(prompt, max_tokens=settings.answer_tokens + 40)
+    n, msg = r["usage"]["completion_tokens"], r["choices"][0]["message"]
+    if (msg.get("content") or "").strip() and not msg.get("tool_calls"):
+        return msg["content"], n
+    pending = env.answer(msg)
+    if pending:
+        session.add(pending)
+    r = session.chat(prompt, max_tokens=settings.answer_tokens, grammar=ANSWER_GRAMMAR)
+    return r["choices"][0]["message"].get("content") or "", n + r["usage"]["completion_tokens"]
+
+
 def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, history_dir: str) -> dict:
     import pykvcompact as pk
 
@@ -46,17 +65,19 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
         if pending:
             session.add(pending)
         for q in ep.questions:
-            r = session.chat(q.prompt, max_tokens=settings.answer_tokens, grammar=ANSWER_GRAMMAR)
-            decode += r["usage"]["completion_tokens"]
+            reply, n = _answer(session, env, q.prompt, settings, searching=policy.history_tool)
+            decode += n
             rec.after(session, len(ep.steps), adding=False)
-            reply = r["choices"][0]["message"].get("content") or ""
             answers.append({"prompt": q.prompt, "answer": q.answer, "reply": reply, "early": q.early,
                             "correct": is_correct(reply, q.answer)})
     finally:
         window = session.window
         session.close()
     wall = time.perf_counter() - t0
+    searches = [m for m in session.transcript if m.get("role") == "tool" and m.get("name") == "search_history"]
     return dict(family=ep.family, seed=ep.seed, policy=policy_name, window=window, wall_s=wall,
                 answers=answers, tokens=token_delta(before, engine.stats(), decode),
                 model_tool_calls=env.model_calls, model_tool_calls_matched=env.model_calls_matched,
+                search_calls=len(searches),
+                search_found=sum(any(is_correct(m["content"], q.answer) for q in ep.questions) for m in searches),
                 **rec.result())

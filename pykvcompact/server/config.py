@@ -17,7 +17,7 @@ class ServerConfig:
     n_ctx: int = 8192
     window: int = 2048
     mode: str = "background"
-    rubric: str = "default"
+    rubric: str = "boundary"
     api_key: Optional[str] = None
     max_sessions: Optional[int] = None      # None: as many as the cells and sequences allow
     history_dir: str = "conversation_history"

@@ -77,7 +77,11 @@ async def open_stream(turn: Turn, include_usage: bool) -> AsyncIterator[dict]:
 
 async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop: threading.Event,
                      first) -> AsyncIterator[dict]:
-    gate = ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools))
+    # the session's own tools (compact_conversation, search_history) count: their calls are run by the
+    # session, and their text must not reach a client that sent no tools
+    def new_gate() -> ContentGate:
+        return ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools or turn.own_tools))
+    gate, streamed = new_gate(), ""   # streamed: the content the client has assembled from the deltas
     pending = [first]
     try:
         yield _data(_chunk(turn, {"role": "assistant", "content": ""}))
@@ -92,12 +96,16 @@ async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop
             if isinstance(item, str):
                 text = gate.feed(item)
                 if text:
+                    streamed += text
                     yield _data(_chunk(turn, {"content": text}))
             elif isinstance(item, dict):  # the final response
                 choice = item["choices"][0]
                 rest = gate.finish(choice["message"].get("content"))
                 if rest:
+                    streamed += rest
                     yield _data(_chunk(turn, {"content": rest}))
+                if streamed != (choice["message"].get("content") or ""):
+                    turn.restate(streamed)  # what the client holds now, so that its next request matches
                 if choice["message"].get("tool_calls"):
                     yield _data(_chunk(turn, {"tool_calls": _tool_call_deltas(choice["message"]["tool_calls"])}))
                 yield _data(_chunk(turn, {}, choice["finish_reason"], session_id=item["session_id"]))
@@ -106,6 +114,8 @@ async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop
                     usage_chunk["choices"] = []
                     yield _data(usage_chunk)
             else:  # a compaction event
+                if item.name == "history_searched":
+                    gate = new_gate()  # the session answered the model's search: its next reply streams anew
                 yield {"event": EVENT_NAME, "data": json.dumps(_chunk(turn, {}, pykvcompact_event=item.to_dict()))}
         yield {"data": "[DONE]"}
     finally:

@@ -53,6 +53,8 @@ class Turn:
         self.events: List = []
         self._t0 = 0.0
         self.fresh = False      # the session was opened for this request (nothing was cached)
+        self.own_tools = False  # the session offers its own tools (their calls' text is never content)
+        self.finished_conv: Optional[Conversation] = None  # the conversation this turn answered
         self.n_before = 0       # the session's tokens before this request's messages
 
     # ------------------------------------------------------------------ lifecycle
@@ -80,6 +82,16 @@ class Turn:
     def _kwargs(self) -> dict:
         return dict(max_tokens=self.max_tokens, tools=self.tools, **self.sampling)
 
+    def restate(self, content: str) -> None:
+        """The client assembled ``content`` from the stream, not the final reply's content (a reply that
+        searched the history streamed its first part too): remember that, so that its next request matches
+        this conversation instead of rebuilding it."""
+        conv = self.finished_conv  # the stream is read after the worker released the conversation
+        if conv is None or not conv.seen or conv.seen[-1].get("role") != "assistant":
+            return
+        last = dict(conv.seen[-1], content=content or None)
+        conv.remember(conv.seen[:-1] + [last], conv.keys[:-1] + keys_of([last]))
+
     def _finish(self, response: dict) -> dict:
         """Remember the exchange on the conversation and shape the OpenAI response."""
         conv = self.conv
@@ -88,6 +100,7 @@ class Turn:
         if choice["message"].get("tool_calls"):
             message["tool_calls"] = choice["message"]["tool_calls"]
         conv.remember(self.messages + [message], self.keys + keys_of([message]))
+        self.finished_conv = conv
         usage = self._usage(response["usage"])
         conv.generated_tokens += usage["completion_tokens"]
         conv.generating_s += time.perf_counter() - self._t0
@@ -119,6 +132,7 @@ class Turn:
         finished = False
         try:
             new = self._new_messages()
+            self.own_tools = bool(getattr(self.conv.session, "_cur_tools", None))
             self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self._plain_items(new)
@@ -177,6 +191,7 @@ class Turn:
         self.checkout()
         try:
             new = self._new_messages()
+            self.own_tools = bool(getattr(self.conv.session, "_cur_tools", None))
             self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self.conv.session.stream(new, **self._kwargs())

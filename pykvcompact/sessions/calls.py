@@ -1,7 +1,7 @@
 """The session's call loop: one ``chat``/``stream``/``add`` call, from its messages to its reply — the messages
 appended (room made first, tool results counted, compaction-tool calls run), the schedule ticked between
 them, the due probe, then up to four replies (a reply that only calls ``compact_conversation`` is followed
-by another), the rates measured and the OpenAI-shaped response built.  A mixin of :class:`~..session.Session`:
+by another, as is one that only searches the history), the rates measured and the OpenAI-shaped response built.  A mixin of :class:`~..session.Session`:
 it works on the session's parts (``_ctx``, ``_ledger``, ``_compactor``, ``_prober``, ``_room``)."""
 from __future__ import annotations
 
@@ -9,14 +9,24 @@ import contextlib
 import time
 from typing import List
 
-from .. import compaction_tool
+from .. import compaction_tool, history_search
 from .messages import check_sampling, check_tool_results, completion, normalize_messages
 from .turn import Turn
 
 
 class CallLoop:
+    def _runs(self, call: dict) -> bool:
+        """Does the session answer this call itself?  ``compact_conversation`` always, ``search_history``
+        when the policy offers it, neither when the caller's own tools define that name (theirs, then)."""
+        if compaction_tool.is_compact_call(call):
+            return compaction_tool.NAME not in self._caller_tool_names
+        if history_search.is_search_call(call):
+            return self.policy.offers_search and history_search.NAME not in self._caller_tool_names
+        return False
+
     def _run_tool(self, call: dict) -> dict:
-        msg = self._tool.run(call)
+        runner = self._search if history_search.is_search_call(call) else self._tool
+        msg = runner.run(call)
         self._append(msg)
         return msg
 
@@ -45,7 +55,7 @@ class CallLoop:
             if m["role"] == "assistant" and m.get("tool_calls"):
                 answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x["role"] == "tool"}
                 for c in m["tool_calls"]:
-                    if compaction_tool.is_compact_call(c) and c["id"] not in answered:
+                    if self._runs(c) and c.get("id") not in answered:
                         self._run_tool(c)
                         yield from self._drain()
             # after the call's last message the reply is the raw tail to come: a preparation may start
@@ -78,8 +88,9 @@ class CallLoop:
         msgs = normalize_messages(messages)
         sampling, stop = check_sampling(sampling)
         new_tools = self._effective_tools(tools)
+        self._caller_tool_names = tool_names(tools if tools is not None else self.tools)
         self._pending.clear()
-        self._compactor.call_tidx = len(self._ledger.transcript)  # its messages stay raw until answered
+        first = self._compactor.call_tidx = len(self._ledger.transcript)  # its messages stay raw until answered
         ctx = self._ctx
         ctx.prefilled = 0
         t0, completion_tokens = time.perf_counter(), 0
@@ -90,16 +101,21 @@ class CallLoop:
             ctx.sync(ctx.render())
         yield from self._add_messages(msgs)
         others: list = []
+        searched = False
         for loops in range(4):
-            msg, finish, ntok = yield from Turn(self, max_tokens, sampling, stop, streaming).run()
+            msg, finish, ntok = yield from Turn(self, max_tokens, sampling, stop, streaming,
+                                                keep_call_raw=searched).run()
             completion_tokens += ntok
             calls = msg.get("tool_calls") or []
-            compact_calls = [c for c in calls if compaction_tool.is_compact_call(c)]
-            others = [c for c in calls if not compaction_tool.is_compact_call(c)]
-            for c in compact_calls:
+            own = [c for c in calls if self._runs(c)]
+            others = [c for c in calls if not self._runs(c)]
+            searched = any(history_search.is_search_call(c) for c in own)
+            if searched:  # the model answers from the result: its question stays raw until it has
+                self._compactor.call_tidx = first
+            for c in own:
                 self._run_tool(c)
                 yield from self._drain()
-            if not compact_calls or others:
+            if not own or others:
                 break
         self._compactor.meter.turn(ctx.prefilled + completion_tokens, time.perf_counter() - t0)
         self._n_calls += 1  # answered calls only: each left an assistant message (load resumes the count)
@@ -109,4 +125,8 @@ class CallLoop:
         yield from self._drain()
 
 
-__all__ = ["CallLoop"]
+def tool_names(tools) -> set:
+    return {t["function"]["name"] for t in (tools or []) if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+
+
+__all__ = ["CallLoop", "tool_names"]

@@ -106,7 +106,8 @@ def load_session(cls, engine, path, **kwargs):
     journal = Journal(log)
     journal.resume(r)
     try:
-        policy = Policy(**r.policy)
+        # a log written before search_history existed: that session did not offer it, keep it so
+        policy = Policy(**{"history_tool": False, **r.policy})
     except (TypeError, ValueError) as e:
         raise errors.InvalidStateError(f"{str(log)!r} holds a policy this version cannot use ({e})") from None
     # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)

@@ -8,6 +8,7 @@ import warnings
 from typing import Callable, List, Optional, Sequence
 
 from .. import events as ev
+from ..calibration import ProbeSettings
 from ..policy import probe_due, probe_skip_reason, verdict
 from .port import engine_errors, free_cells
 
@@ -21,6 +22,10 @@ class Prober:
         self.ctx, self.policy, self.lim, self.rubric, self.labels, self.emit = ctx, policy, limits, rubric, tuple(labels), emit
         self.gen_since = 0
         self.tools_since = 0
+        # ask the model or not, and at which threshold: the policy's, else the model's calibration
+        self.settings = ProbeSettings.of(policy, ctx.engine, self.labels)
+        if policy.probes and not self.settings.ask:  # stacklevel: Session(...)'s caller
+            warnings.warn(f"Policy(mode={policy.mode!r}): {self.settings.why}", RuntimeWarning, stacklevel=3)
 
     def generated(self, n: int) -> None:
         self.gen_since += n
@@ -56,7 +61,7 @@ class Prober:
             self.tools_since = 0
         n = len(self.ctx)
         fill = n / self.lim.window
-        why = probe_skip_reason(self.policy, self.lim, n) or \
+        why = ("" if self.settings.ask else "no_signal") or probe_skip_reason(self.policy, self.lim, n) or \
             ("" if has_cut else "no_cut_point") or ("committing" if committing else "")
         toks = [] if why else self.prompt_tokens()
         if not why and len(toks) + 8 > free_cells(self.ctx.engine):
@@ -72,7 +77,7 @@ class Prober:
             self.emit(ev.ProbeSkipped("failed", fill, trigger))
             return "CONTINUE"
         p = float(probs.get(self.labels[0], float("nan")))
-        v, reason = verdict(self.policy, self.lim, p, n)
+        v, reason = verdict(self.policy, self.lim, p, n, self.settings.threshold)
         self.emit(ev.Probe(v, p, len(toks), (time.perf_counter() - t0) * 1000.0, reason=reason, fill=fill,
                            trigger=trigger))
         return v

@@ -11,8 +11,12 @@ from ..tool_calls import parse_tool_calls
 
 
 class Turn:
-    def __init__(self, session, max_tokens: int, sampling: dict, stop: tuple, streaming: bool):
+    def __init__(self, session, max_tokens: int, sampling: dict, stop: tuple, streaming: bool,
+                 keep_call_raw: bool = False):
+        """``keep_call_raw``: the reply that follows a tool the session ran for the model (the question, the
+        call and its result stay raw until it is written; else only until the reply begins)."""
         self.s, self.max_tokens, self.sampling, self.stop, self.streaming = session, max_tokens, sampling, stop, streaming
+        self.keep_call_raw = keep_call_raw
         self.finish = "length"
         self._close_cost: Optional[int] = None
         self._got: List[int] = []
@@ -23,7 +27,8 @@ class Turn:
         s._make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
         yield from s._drain()  # before the reply begins: a stream closed here leaves no reply half-open
         p = ctx.begin_reply()
-        s._compactor.call_tidx = None  # the model has read the call's messages: they may be summarized now
+        if not self.keep_call_raw:
+            s._compactor.call_tidx = None  # the model has read the call's messages: they may be summarized now
         shown, completed = 0, False
         try:
             while len(p.tokens) < self.max_tokens:

@@ -1,0 +1,179 @@
+"""The ``search_history`` tool: the agent looks up what compaction took out of its context.
+
+Summarizing is not forgetting: every message a swap replaced is in the history file, verbatim.  A summary
+can still drop a fact the task needs later; this tool lets the model find it again, as an agent greps its
+offload files.  The query's words, numbers, ids and paths are matched against the lines of the offloaded
+messages (case-insensitive); lines are ranked by the rarity of the terms they contain (BM25's idf: a term
+found on every line, like "total", counts for little, an account id for a lot) and returned grouped by
+message, newest first within a score, within a token budget so that a result never crowds out the work.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Callable, List, Optional, Sequence, Tuple
+
+NAME = "search_history"
+NOTHING_OFFLOADED = "Nothing has been compacted yet: the whole conversation is still in context."
+
+DESCRIPTION = ("Search the earlier messages that were compacted out of the context (saved verbatim) for "
+               "words, numbers, ids or paths; returns the matching lines.")
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": NAME,
+        "description": DESCRIPTION,
+        "parameters": {"type": "object",
+                       "properties": {"query": {"type": "string", "description": "what to look for"}},
+                       "required": ["query"]},
+    },
+}
+
+# words that carry no information about *which* message is meant
+_STOP = frozenset("""a an and are as at be by did do does for from had has have how i in is it its me my
+of on or our so than that the their them then there these this those to us was we were what when where
+which who why will with you your""".split())
+_TERM = re.compile(r"[\w][\w.\-/:]*[\w]|[\w]")
+MAX_TERMS = 24          # a longer query is searched by its first 24 terms
+QUOTE = 60              # characters of the query quoted back in a result
+LONG_LINE = 240         # characters: a longer line is shown as an excerpt around its rarest match
+
+
+def is_search_call(call: dict) -> bool:
+    f = call.get("function", call) if isinstance(call, dict) else {}
+    return isinstance(f, dict) and f.get("name") == NAME
+
+
+def query_of(call: dict) -> Tuple[Optional[str], str]:
+    """``(query, "")`` from a tool call's arguments, or ``(None, why)`` when they are unusable."""
+    f = call.get("function", call) if isinstance(call, dict) else {}
+    args = f.get("arguments") if isinstance(f, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            return None, "the arguments are not valid JSON"
+    if not isinstance(args, dict):
+        return None, "the arguments must be an object with a \"query\" string"
+    q = args.get("query")
+    if not isinstance(q, str) or not q.strip():
+        return None, "a non-empty \"query\" string is required"
+    return q, ""
+
+
+def terms(query: str) -> List[str]:
+    """The query's search terms: lower-cased words, numbers, ids and paths, without stop words and single
+    letters (all words when nothing else is left), at most :data:`MAX_TERMS`."""
+    found = [t.strip(".-/:") or t for t in _TERM.findall(query.lower())]
+    found = list(dict.fromkeys(t for t in found if t))
+    useful = [t for t in found if t not in _STOP and (len(t) > 1 or t.isdigit())]
+    return (useful or found)[:MAX_TERMS]
+
+
+def _pattern(term: str) -> "re.Pattern":
+    # a whole term: "id" does not match "idea", "acc" matches "ACC-1042" (a dash ends a word)
+    return re.compile(r"(?<!\w)" + re.escape(term) + r"(?!\w)", re.IGNORECASE)
+
+
+def _text(msg: dict) -> str:
+    """A message's searchable text: its content and its calls to other tools (a search's own call and
+    result are never searched: they would echo earlier results back ahead of the original)."""
+    content = msg.get("content")
+    parts = [content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)] if content else []
+    for tc in msg.get("tool_calls") or []:
+        f = tc.get("function", {}) if isinstance(tc, dict) else {}
+        if f.get("name") != NAME:
+            parts.append(f"{f.get('name', '?')}({f.get('arguments', '')})")
+    return "\n".join(parts)
+
+
+def searchable(msg: dict) -> bool:
+    return not (msg.get("role") == "tool" and msg.get("name") == NAME)
+
+
+def _excerpt(line: str, pats: Sequence["re.Pattern"]) -> str:
+    """``line``, or for a long one the part around the first match of the first pattern (the rarest)."""
+    if len(line) <= LONG_LINE:
+        return line
+    at = next((m.start() for m in (p.search(line) for p in pats) if m), 0)
+    start = max(0, at - LONG_LINE // 3)
+    end = min(len(line), start + LONG_LINE)
+    return ("..." if start else "") + line[start:end] + ("..." if end < len(line) else "")
+
+
+def _head(index: int, msg: dict) -> str:
+    name = f" ({msg['name']})" if msg.get("name") else ""
+    return f"[message {index}, {msg.get('role', '?')}{name}]"
+
+
+def _quote(query: str) -> str:
+    q = " ".join(query.split())
+    return repr(q if len(q) <= QUOTE else q[:QUOTE] + "...")
+
+
+def search(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
+           count: Callable[[str], int] = lambda s: len(s) // 4 + 1) -> str:
+    """The result text for ``query`` over ``messages`` (``(transcript index, message)``, oldest first):
+    the best lines grouped under their message's header, at most ``budget`` tokens by ``count``."""
+    return search_result(messages, query, budget=budget, count=count)[0]
+
+
+def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
+                  count: Callable[[str], int] = lambda s: len(s) // 4 + 1) -> Tuple[str, int]:
+    """``(text, lines shown)``: see :func:`search`."""
+    messages = [(i, m) for i, m in messages if searchable(m)]
+    if not messages:
+        return NOTHING_OFFLOADED, 0
+    want = terms(query)
+    if not want:
+        return f"The query {_quote(query)} has no words to search for: name a value, id, path or word.", 0
+    lines = [(idx, msg, ln) for idx, msg in messages for ln in _text(msg).splitlines() if ln.strip()]
+    n = len(lines)
+    pats = {t: _pattern(t) for t in want}
+    hits = {t: [k for k, (_, _, ln) in enumerate(lines) if pats[t].search(ln)] for t in want}
+    # BM25's idf; a term on more than half the lines tells little (a tenth of its weight)
+    idf = {t: math.log(1 + (n - len(h) + 0.5) / (len(h) + 0.5)) * (1.0 if len(h) <= n / 2 else 0.1)
+           for t, h in hits.items() if h}
+    if not idf:
+        return (f"No compacted message matches {_quote(query)} ({len(messages)} messages searched). The summary "
+                "above and the recent messages are all the context there is.", 0)
+    score: dict = {}
+    for t, h in hits.items():
+        for k in h:
+            score[k] = score.get(k, 0.0) + idf.get(t, 0.0)
+    scored = sorted(((sc, lines[k][0], k) for k, sc in score.items()), key=lambda x: (-x[0], -x[1], x[2]))
+    # the excerpt of a long line centres on its rarest term: fewest occurrences in all the lines
+    occurrences = {t: sum(len(pats[t].findall(lines[k][2])) for k in hits[t]) for t in idf}
+    rare = [pats[t] for t in sorted(idf, key=lambda t: (-idf[t], occurrences[t]))]
+    shown_text = {k: _excerpt(lines[k][2], rare) for _, _, k in scored}
+    intro = f"Matches for {_quote(query)} in the compacted messages (best first):"
+    footer = "({} more matching lines not shown: refine the query)"
+    used = count(intro) + count(footer.format(len(scored)))
+    picked: dict = {}
+    shown = 0
+    for _, idx, k in scored:
+        cost = count(shown_text[k]) + (0 if idx in picked else count(_head(idx, lines[k][1])))
+        if used + cost > budget:
+            if shown:
+                break
+            continue  # a line that cannot fit even alone: try the next one
+        picked.setdefault(idx, []).append(k)
+        used += cost
+        shown += 1
+    if not shown:
+        return (f"The lines matching {_quote(query)} are too long to show in {budget} tokens; search for something "
+                "more specific.", 0)
+    rank = {k: r for r, (_, _, k) in enumerate(scored)}
+    out = [intro]
+    for idx in sorted(picked, key=lambda i: min(rank[k] for k in picked[i])):
+        out.append(_head(idx, lines[picked[idx][0]][1]))
+        out.extend(shown_text[k] for k in sorted(picked[idx]))
+    if len(scored) > shown:
+        out.append(footer.format(len(scored) - shown))
+    return "\n".join(out), shown
+
+
+__all__ = ["NAME", "TOOL", "DESCRIPTION", "NOTHING_OFFLOADED", "is_search_call", "query_of", "terms", "search",
+           "search_result", "searchable"]
