@@ -20,7 +20,7 @@ MIN_AUC = 0.6             # below: boundaries and mid-sub-goal points are not to
 
 @dataclass(frozen=True)
 class ProbeCalibration:
-    threshold: float          # p(COMPRESS) at or above this says COMPRESS (Youden's J on the labelled set)
+    threshold: float          # p(COMPRESS) at or above this says COMPRESS (at most 10% of mid points do)
     auc: float                # ROC AUC of p(COMPRESS), boundary against mid-sub-goal points
     points: int               # labelled points measured
     source: str               # the result file in the repository (bench/results/...)

@@ -120,13 +120,22 @@ class ToolRefused(Event):
 @dataclass
 class HistorySearched(Event):
     """The session ran ``search_history`` (for the model, or the caller): the query and the offloaded lines
-    the result shows.  In a stream it also marks the end of a reply: the model replies again."""
+    the result shows."""
     query: str
     lines: int
     tokens: int
     fill: float = 0.0
     t: float = field(default_factory=time.time)
     name = "history_searched"
+
+
+@dataclass
+class ReplyFollows(Event):
+    """The session answered the model's own tool calls (``tools``: their names) and the model replies
+    again within the same call: a stream's text so far was one reply, the next begins now."""
+    tools: list
+    t: float = field(default_factory=time.time)
+    name = "reply_follows"
 
 
 @dataclass
@@ -197,11 +206,12 @@ probe_skipped = ProbeSkipped
 compaction_skipped = CompactionSkipped
 kept_over_budget = KeptOverBudget
 history_searched = HistorySearched
+reply_follows = ReplyFollows
 
 ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
                            ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped,
-                           KeptOverBudget, HistorySearched)}
+                           KeptOverBudget, HistorySearched, ReplyFollows)}
 
 __all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
            "ToolRefused", "PreparationRestarted", "Dropped", "ProbeSkipped",
-           "CompactionSkipped", "KeptOverBudget", "HistorySearched", "ALL"]
+           "CompactionSkipped", "KeptOverBudget", "HistorySearched", "ReplyFollows", "ALL"]

@@ -69,12 +69,26 @@ def terms(query: str) -> List[str]:
     found = [t.strip(".-/:") or t for t in _TERM.findall(query.lower())]
     found = list(dict.fromkeys(t for t in found if t))
     useful = [t for t in found if t not in _STOP and (len(t) > 1 or t.isdigit())]
-    return (useful or found)[:MAX_TERMS]
+    out = []
+    for t in useful or found:  # a run of CJK text is a sentence, not a word: search its character pairs
+        out += [t[i:i + 2] for i in range(len(t) - 1)] if len(t) > 3 and _cjk(t) else [t]
+    return list(dict.fromkeys(out))[:MAX_TERMS]
+
+
+def _cjk(term: str) -> bool:
+    return any(ord(c) > 0x2E7F for c in term)
 
 
 def _pattern(term: str) -> "re.Pattern":
-    # a whole term: "id" does not match "idea", "acc" matches "ACC-1042" (a dash ends a word)
-    return re.compile(r"(?<!\w)" + re.escape(term) + r"(?!\w)", re.IGNORECASE)
+    """Where ``term`` starts a word (a letter or digit before it does not; "_" separates, as in
+    build_1234).  A short term must end one too ("id" is not "idea"); a longer one may be a prefix
+    (invoice: invoices, 2024-01-05: 2024-01-05T10:00Z).  Text without spaces (Chinese, Japanese) is
+    matched anywhere."""
+    body = re.escape(term)
+    if _cjk(term):  # CJK and later blocks: no word boundaries to rely on
+        return re.compile(body, re.IGNORECASE)
+    end = r"(?![^\W_])" if len(term) < 4 else ""
+    return re.compile(r"(?<![^\W_])" + body + end, re.IGNORECASE)
 
 
 def _text(msg: dict) -> str:

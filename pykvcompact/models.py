@@ -105,7 +105,7 @@ REGISTRY: Dict[str, ModelSpec] = {
             cache_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             # bench/eval/calibrate.py, 2026-12-02: 150 labelled points (25 boundaries), 5 families; the
             # threshold keeps mid-sub-goal COMPRESS verdicts at 10% (it catches 20% of the boundaries)
-            probe=ProbeCalibration(threshold=0.506, auc=0.682, points=150, rubric="boundary",
+            probe=ProbeCalibration(threshold=0.5056, auc=0.682, points=150, rubric="boundary",
                                    source="bench/results/calibration-qwen2.5-coder-1.5b.json"),
         ),
         ModelSpec(

@@ -30,7 +30,7 @@ from . import compaction_tool, events as ev, history_search
 from . import rubrics as _rubrics
 from .chat_template import ChatTemplate
 from .history import HistoryFile, check_session_id
-from .policy import Policy
+from .policy import SEARCH_MIN_WINDOW, Policy
 from .sessions.calls import CallLoop, tool_names
 from .sessions.compact_tool import CompactTool
 from .sessions.search_tool import SearchTool
@@ -96,10 +96,10 @@ class Session(CallLoop):
         self._busy = False                   # a chat/stream/compact call is running (one at a time)
         self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
+        self._offer_search = policy.offers_search
         self._cur_tools = self._effective_tools(None)
         self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
-        self.window, cells = session_cells(engine, policy, self.template, self._cur_tools, self.rubric,
-                                           self.history_path)
+        self.window, cells = self._size(system)
         self.limits = policy.limits(self.window)
         check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
         self._cells_key = object()  # the reservation is released on close() or when the session is collected
@@ -294,12 +294,30 @@ class Session(CallLoop):
         while self._pending:
             yield self._pending.pop(0)
 
+    def _size(self, system):
+        """``(window, cells)``.  With ``history_tool=None`` and ``window=None`` the search tool is offered
+        only if the window that fits with it is at least SEARCH_MIN_WINDOW (else it would take a large
+        share of a small window, or keep the session from opening at all)."""
+        auto = self.policy.history_tool is None and self.policy.window is None and self._offer_search
+        args = (self.engine, self.policy, self.template)
+        try:
+            window, cells = session_cells(*args, self._cur_tools, self.rubric, self.history_path)
+            if not auto or window >= SEARCH_MIN_WINDOW:
+                return window, cells
+            check_base(*args[:2], self.policy.limits(window), self.template, self._cur_tools, system)
+        except ValueError:
+            if not auto:
+                raise
+        self._offer_search = False
+        self._cur_tools = self._effective_tools(None)
+        return session_cells(*args, self._cur_tools, self.rubric, self.history_path)
+
     def _effective_tools(self, tools) -> Optional[List[dict]]:
         base = check_tools(tools) if tools is not None else list(self.tools)
         names = {t["function"]["name"] for t in base}
         if self.policy.offers_tool and compaction_tool.NAME not in names:
             base = base + [compaction_tool.TOOL]
-        if self.policy.offers_search and history_search.NAME not in names:
+        if self._offer_search and history_search.NAME not in names:
             base = base + [history_search.TOOL]
         return base or None
 

@@ -302,3 +302,101 @@ def test_server_stream_hides_the_sessions_search_and_streams_the_answer(tmp_path
         _stream_text(c, body)
         events = c.get("/sessions/conv1").json()["events"]
         assert not [e for e in events if e["event"] == "session_closed"], events
+
+
+# ---------------------------------------------------------------------------- second review
+def test_matching_is_by_word_start_with_prefixes_for_longer_terms():
+    def hit(term, text):
+        return not history_search.search([(1, {"role": "user", "content": text})], term, budget=99).startswith("No")
+    assert hit("build 1234", "artifact build_1234_final") and hit("2024-01-05", "at 2024-01-05T10:00:03Z")
+    assert hit("invoice", "two invoices due") and not hit("id", "a good idea") and not hit("335", "ACC-1335")
+    assert hit("東京オフィスの住所", "東京オフィスの住所は港区です")
+
+
+def test_window_none_offers_search_only_when_the_window_is_large_enough(tmp_path):
+    for n_ctx, offered in ((1500, False), (2200, True), (8192, True)):
+        eng = FakeEngine(n_ctx=n_ctx)
+        s = pk.Session(eng, system="You are a test.", history_dir=tmp_path / str(n_ctx),
+                       policy=pk.Policy(mode="hard", summary_max_tokens=48))
+        names = [t["function"]["name"] for t in (s._cur_tools or [])]
+        assert (history_search.NAME in names) is offered and (s.window >= 1024 or not offered), (n_ctx, s.window)
+        s.close()
+
+
+@pytest.mark.parametrize("think", [110, 130, 150, 170])
+def test_background_preparation_does_not_summarize_the_question_a_search_serves(tmp_path, think):
+    # a long reply before the call: a preparation starts while it is written (the call's messages are not
+    # protected then) and would cut past the question; the search must restart it at a cut before them
+    q, seen = "which code had item-2?", []
+
+    def responder(prompt):
+        tail = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+        if "write a summary" in tail:
+            return default_responder(prompt)
+        if "<|im_start|>tool\nMatches for 'item-2 code'" in prompt and prompt.rstrip().endswith("<|im_start|>assistant"):
+            seen.append(q in prompt)
+            return "The code was Z222."
+        if q in tail:
+            return " ".join(f"think{k}" for k in range(think)) + " " + CALL % "item-2 code"
+        return default_responder(prompt)
+    _, s = _session(tmp_path, responder=responder, mode="background")
+    _fill(s, 8)
+    s.compact()
+    _fill(s, 8)
+    r = s.chat(q, max_tokens=400)
+    assert seen == [True] and r["choices"][0]["message"]["content"] == "The code was Z222."
+    s.close()
+
+
+def test_load_refuses_settings_it_takes_from_the_log(tmp_path):
+    _, s = _session(tmp_path)
+    s.chat("hello", max_tokens=8)
+    log = s.log_path
+    s.close()
+    with pytest.raises(TypeError, match="takes policy from the session's log"):
+        pk.Session.load(FakeEngine(n_ctx=8192), log, policy=pk.Policy())
+
+
+def _stream_chunks(client, body):
+    chunks = []
+    with client.stream("POST", "/chat/completions", json=dict(body, stream=True)) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[6:]).get("choices", []):
+                    if ch.get("delta", {}).get("content"):
+                        chunks.append(ch["delta"]["content"])
+    return chunks
+
+
+def test_server_streams_after_compact_calls_code_and_a_search_with_a_client_call(tmp_path):
+    httpx = pytest.importorskip("httpx")
+    from test_server_support import API_KEY, running_server
+    fence = "```python\n" + "\n".join(f"x{k} = {k}" for k in range(40)) + "\n```"
+
+    def responder(prompt):
+        tail = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+        if "write a summary" in tail:
+            return default_responder(prompt)
+        if "compact then answer" in tail:
+            return "Done compacting." if "<|im_start|>tool" in tail else \
+                'Let me tidy. <tool_call>\n{"name": "compact_conversation", "arguments": {}}\n</tool_call>'
+        if "show code" in tail:
+            return fence
+        if "weather too" in tail:
+            return "Checking. " + CALL % "kiwi" + '\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+        return "ok"
+    eng = FakeEngine(n_ctx=8192, n_seq_max=16, responder=responder)
+    weather = [{"type": "function", "function": {"name": "get_weather", "description": "w",
+                                                 "parameters": {"type": "object", "properties": {}}}}]
+    with running_server(eng, str(tmp_path), window=2048) as srv:
+        c = httpx.Client(base_url=srv.base_url, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"})
+        sys_msg = {"role": "system", "content": "Be brief."}
+        got = "".join(_stream_chunks(c, {"model": "x", "max_tokens": 80,
+                                         "messages": [sys_msg, {"role": "user", "content": "compact then answer"}]}))
+        assert got == "Let me tidy. Done compacting."
+        chunks = _stream_chunks(c, {"model": "x", "max_tokens": 400,
+                                    "messages": [sys_msg, {"role": "user", "content": "show code"}]})
+        assert "".join(chunks) == fence and len(chunks) > 5  # streamed, not held to the end
+        got = "".join(_stream_chunks(c, {"model": "x", "max_tokens": 120, "tools": weather,
+                                         "messages": [sys_msg, {"role": "user", "content": "weather too"}]}))
+        assert got.count("Checking.") == 1, got

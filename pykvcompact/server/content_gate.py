@@ -13,9 +13,12 @@ JSON_OPENERS = ("{", "[", "```")
 
 
 class ContentGate:
-    def __init__(self, stops: Sequence[str] = (), tools: bool = False):
+    def __init__(self, stops: Sequence[str] = (), tools: bool = False, json_calls: Optional[bool] = None):
+        """``tools``: hold back tool-call markup; ``json_calls`` (default: as ``tools``): also hold a reply
+        that opens like a bare JSON call (only the client's tools: the session's own are called with
+        markup, and holding every reply that opens with a code fence would stop streaming code)."""
         self.markers = tuple(s for s in stops if s) + (TOOL_MARKERS if tools else ())
-        self.tools = tools
+        self.tools = tools if json_calls is None else json_calls
         self.raw = ""
         self.sent = ""
         self.closed = False  # a marker was seen: nothing more until the end

@@ -80,7 +80,8 @@ async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop
     # the session's own tools (compact_conversation, search_history) count: their calls are run by the
     # session, and their text must not reach a client that sent no tools
     def new_gate() -> ContentGate:
-        return ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools or turn.own_tools))
+        return ContentGate(turn.sampling.get("stop", ()), tools=bool(turn.tools or turn.own_tools),
+                           json_calls=bool(turn.tools))
     gate, streamed = new_gate(), ""   # streamed: the content the client has assembled from the deltas
     pending = [first]
     try:
@@ -114,8 +115,8 @@ async def sse_events(turn: Turn, include_usage: bool, queue: asyncio.Queue, stop
                     usage_chunk["choices"] = []
                     yield _data(usage_chunk)
             else:  # a compaction event
-                if item.name == "history_searched":
-                    gate = new_gate()  # the session answered the model's search: its next reply streams anew
+                if item.name == "reply_follows":
+                    gate = new_gate()  # the session answered the model's own call: its next reply streams anew
                 yield {"event": EVENT_NAME, "data": json.dumps(_chunk(turn, {}, pykvcompact_event=item.to_dict()))}
         yield {"data": "[DONE]"}
     finally:

@@ -9,7 +9,7 @@ import contextlib
 import time
 from typing import List
 
-from .. import compaction_tool, history_search
+from .. import compaction_tool, events as ev, history_search
 from .messages import check_sampling, check_tool_results, completion, normalize_messages
 from .turn import Turn
 
@@ -17,11 +17,11 @@ from .turn import Turn
 class CallLoop:
     def _runs(self, call: dict) -> bool:
         """Does the session answer this call itself?  ``compact_conversation`` always, ``search_history``
-        when the policy offers it, neither when the caller's own tools define that name (theirs, then)."""
+        when the session offers it, neither when the caller's own tools define that name (theirs, then)."""
         if compaction_tool.is_compact_call(call):
             return compaction_tool.NAME not in self._caller_tool_names
         if history_search.is_search_call(call):
-            return self.policy.offers_search and history_search.NAME not in self._caller_tool_names
+            return self._offer_search and history_search.NAME not in self._caller_tool_names
         return False
 
     def _run_tool(self, call: dict) -> dict:
@@ -29,6 +29,14 @@ class CallLoop:
         msg = runner.run(call)
         self._append(msg)
         return msg
+
+    def _keep_question_raw(self, first: int) -> None:
+        """A background preparation planned while the model wrote its search call may summarize the
+        call's own messages (the question the search serves): restart it at a cut before them."""
+        comp = self._compactor
+        p = comp.prep
+        if p is not None and any(e.tidx >= first for e in self._ctx.entries[:p.mark] if not e.summary):
+            comp.cancel("question_in_use")
 
     def _probe_if_due(self):
         trig = self._prober.due()
@@ -112,11 +120,15 @@ class CallLoop:
             searched = any(history_search.is_search_call(c) for c in own)
             if searched:  # the model answers from the result: its question stays raw until it has
                 self._compactor.call_tidx = first
+                self._keep_question_raw(first)
             for c in own:
                 self._run_tool(c)
                 yield from self._drain()
             if not own or others:
                 break
+            if loops < 3:  # another reply follows (a stream's reader starts a new one here)
+                self._emit(ev.ReplyFollows([c["function"]["name"] for c in own]))
+                yield from self._drain()
         self._compactor.meter.turn(ctx.prefilled + completion_tokens, time.perf_counter() - t0)
         self._n_calls += 1  # answered calls only: each left an assistant message (load resumes the count)
         self.last_response = completion(f"chatcmpl-{self.session_id}-{self._n_calls}",

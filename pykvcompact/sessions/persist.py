@@ -92,6 +92,10 @@ def _read_snapshot(path: Path):
 
 
 def load_session(cls, engine, path, **kwargs):
+    for key in ("policy", "session_id", "history_dir", "tools", "system"):
+        if key in kwargs:
+            raise TypeError(f"Session.load takes {key} from the session's log, not as an argument; load it, then "
+                            "use the session (or start a new Session with the settings you want)")
     path = Path(path)
     header, blob, log = None, b"", path
     if _is_snapshot(path):  # by content, not by name: save() accepts any name
