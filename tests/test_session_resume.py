@@ -47,7 +47,9 @@ def test_another_context_size_prefills_again_and_keeps_everything(tiny_model_pat
         s.save(tmp_path / "res2.pkv")
         s2 = pk.Session.load(other, tmp_path / "res2.pkv")
         assert s2.resumed["kv"] is False and "n_ctx" in s2.resumed["reason"]
-        assert s2.tokens == s.tokens and s2.transcript == s.transcript
+        # the same text; its tokens may differ: random weights emit non-canonical tokenizations, which a
+        # prefill of the same text does not reproduce (the background schedule's timing decides which)
+        assert s2.render() == s.render() and s2.transcript == s.transcript
         run(s2, 6, 10)
         check_invariants(s2)
         s.close()

@@ -1,6 +1,6 @@
 """Run every (family, seed) episode under every policy: ours on one engine in this process, then, family
 by family, the peer in its own subprocess (never both at once: two ggml thread pools steal each other's
-cores).  ``checkpoint(results)`` is called after each family, so a long run leaves partial results."""
+cores).  ``checkpoint(results)`` is called after each episode, so a long run leaves partial results."""
 from __future__ import annotations
 
 import os
@@ -37,6 +37,7 @@ def run_all(args, settings: Settings, history_dir: str, log: Callable[[str], Non
                         continue
                     results.append(run_episode(engine, ep, pol, settings, history_dir))
                     log(_line(results[-1]))
+                    checkpoint(results)  # an episode is minutes to hours: never lose one to a later failure
             if "peer" in args.policies:
                 from .peer import run_peer
 

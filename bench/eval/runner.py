@@ -49,7 +49,7 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
     before = engine.stats()
     t0 = time.perf_counter()
     session = pk.Session(engine, system=ep.system, policy=policy, tools=ep.tools, history_dir=history_dir,
-                         session_id=f"{ep.family}-{ep.seed}-{policy_name}")
+                         session_id=f"{ep.family}-{ep.seed}-{policy_name.replace('+', '_')}")
     rec = Recorder(ep, session.window)
     decode, pending, answers = 0, [], []
     try:
