@@ -1,6 +1,7 @@
 """The evaluation harness (bench/eval): its arithmetic, and a tiny smoke run on SmolLM2 whose metrics must
-be consistent (not good: SmolLM2 is weak).  The smoke run is ``--episodes 2 --quick`` on one family and three
-policies with short episodes (1.2 x the window), so that it stays near 2-3 minutes on 2 idle cores;
+be consistent (not good: SmolLM2 is weak).  The smoke run is ``--episodes 2 --quick`` on one family and four
+policies (hard+search included) with short episodes (1.2 x the window): ~9 min for ours plus the peer's, measured
+here on 2026-12-02 (it was 2-3 minutes with three policies on 2 idle cores);
 ``--threads 1`` because on a shared, loaded machine two ggml threads per process are ~10x slower."""
 import json
 import subprocess
