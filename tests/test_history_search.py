@@ -266,13 +266,7 @@ def test_the_question_stays_raw_while_the_model_reads_a_search_result(tmp_path):
 
 
 def _stream_text(client, body):
-    text = ""
-    with client.stream("POST", "/chat/completions", json=dict(body, stream=True)) as resp:
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                for ch in json.loads(line[6:]).get("choices", []):
-                    text += ch.get("delta", {}).get("content") or ""
-    return text
+    return "".join(_stream_chunks(client, body))
 
 
 @pytest.mark.parametrize("client_tools", [False, True])
