@@ -99,7 +99,7 @@ class Session(CallLoop):
         self._offer_search = policy.offers_search
         self._cur_tools = self._effective_tools(None)
         self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
-        self.window, cells = self._size(system)
+        self.window, cells = self._size()
         self.limits = policy.limits(self.window)
         check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
         self._cells_key = object()  # the reservation is released on close() or when the session is collected
@@ -294,7 +294,7 @@ class Session(CallLoop):
         while self._pending:
             yield self._pending.pop(0)
 
-    def _size(self, system):
+    def _size(self):
         """``(window, cells)``.  With ``history_tool=None`` and ``window=None`` the search tool is offered
         only if the window that fits with it is at least SEARCH_MIN_WINDOW (else it would take a large
         share of a small window, or keep the session from opening at all)."""
@@ -304,7 +304,6 @@ class Session(CallLoop):
             window, cells = session_cells(*args, self._cur_tools, self.rubric, self.history_path)
             if not auto or window >= SEARCH_MIN_WINDOW:
                 return window, cells
-            check_base(*args[:2], self.policy.limits(window), self.template, self._cur_tools, system)
         except ValueError:
             if not auto:
                 raise
