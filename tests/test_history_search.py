@@ -148,11 +148,15 @@ def test_result_stays_within_an_eighth_of_the_window(tmp_path):
     s.close()
 
 
-def test_load_of_a_log_written_before_the_tool_keeps_it_off(tmp_path):
+def _closed_session_log(tmp_path) -> str:
     _, s = _session(tmp_path)
     s.chat("hello", max_tokens=8)
-    log = s.log_path
     s.close()
+    return s.log_path
+
+
+def test_load_of_a_log_written_before_the_tool_keeps_it_off(tmp_path):
+    log = _closed_session_log(tmp_path)
     lines = open(log).read().splitlines()
     head = json.loads(lines[0])
     assert "history_tool" in head["policy"]
@@ -343,10 +347,7 @@ def test_background_preparation_does_not_summarize_the_question_a_search_serves(
 
 
 def test_load_refuses_settings_it_takes_from_the_log(tmp_path):
-    _, s = _session(tmp_path)
-    s.chat("hello", max_tokens=8)
-    log = s.log_path
-    s.close()
+    log = _closed_session_log(tmp_path)
     with pytest.raises(TypeError, match="takes policy from the session's log"):
         pk.Session.load(FakeEngine(n_ctx=8192), log, policy=pk.Policy())
 

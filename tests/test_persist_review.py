@@ -269,6 +269,7 @@ def test_a_snapshot_saved_under_a_jsonl_name_loads(tmp_path):
     s.save(tmp_path / "backup.jsonl")
     r = pk.Session.load(eng, tmp_path / "backup.jsonl")
     same_state(s, r)
+    assert r.transcript == s.transcript and r.resumed["kv"] is not None
     r.close()
     s.close()
 

@@ -78,6 +78,7 @@ def test_a_line_cut_short_by_a_crash_is_ignored(tmp_path):
         f.write(b'{"op":"msg","i":99,"msg":{"role":"user","con')  # killed mid-write
     s2 = pk.Session.load(eng, s.log_path)
     same_state(s, s2)
+    assert len(s2.transcript) == len(s.transcript) == 7  # system + 3 exchanges; the torn line is not one
     s.close()
     s2.close()
 
