@@ -44,9 +44,10 @@ class Probe(Event):
     p: float
     tokens: int
     ms: float
-    reason: str = "model"          # "model" (label probabilities) or the rule that overrode it
+    reason: str = "model"          # "model" (label probabilities), "model+cue", or the rule that overrode it
     fill: float = 0.0
     trigger: str = "interval"      # "interval" | "tool_result"
+    cue: bool = False              # the last tool output stated a result (Policy.result_cue was added)
     t: float = field(default_factory=time.time)
     name = "probe"
 

@@ -114,6 +114,7 @@ class Session(CallLoop):
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
         self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
         self._ledger.describe = self._maker.describe
+        self._maker.searchable = self._offer_search and history_search.NAME not in self._caller_tool_names
         try:
             self._ledger.journal = _resume or Journal(self.log_path)
             if _resume is None:  # a new session (a same-id log restarts at this record)
@@ -201,6 +202,18 @@ class Session(CallLoop):
             out = self._compactor.compact("manual", instructions)
         self._pending.clear()
         return out
+
+    def idle(self, seconds: float) -> None:
+        """The caller has nothing for the session for up to ``seconds`` (a tool of the agent is running):
+        in background mode the preparation advances meanwhile — the engine gives its jobs whole chunks
+        when nothing else runs, and the session builds and prefills the rebased context as soon as the
+        summary is in, and commits one a COMPRESS verdict asked for.  Returns when the preparation is caught
+        up, when there is none to advance, or after ``seconds``.  Other modes return at once."""
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
+            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        with self._one_call():
+            self._compactor.idle(float(seconds))
+        self._pending.clear()
 
     def pin(self, message_index: int) -> None:
         """Keep transcript message ``message_index`` verbatim in every compaction from now on."""

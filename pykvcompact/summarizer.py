@@ -179,6 +179,7 @@ class Attempt:
         self.attempt = attempt
         self.t0 = time.perf_counter()
         self.t_done: Optional[float] = None
+        self.t_first: Optional[float] = None   # when a first summary token was seen (its prompt is in by then)
         self.error = None
         self.tokens: List[int] = []
         self.finish_reason: Optional[str] = None
@@ -235,6 +236,14 @@ class Attempt:
     def elapsed(self) -> float:
         return (self.t_done or time.perf_counter()) - self.t0
 
+    def pace(self, written: int) -> Optional[tuple]:
+        """``(seconds before the first token, tokens per second since)`` measured on this attempt (its prompt's
+        prefill, then its writing), or None before a second token was seen."""
+        if self.t_first is None or written < 2:
+            return None
+        now = self.t_done or time.perf_counter()
+        return self.t_first - self.t0, (written - 1) / max(now - self.t_first, 1e-3)
+
     @property
     def timed_out(self) -> bool:
         return not self._done and self.elapsed > self.timeout
@@ -254,6 +263,8 @@ class Attempt:
                     grant_rows(self._gen, self.rows_per_step)
             if not self._gen.done():
                 toks = self._gen.tokens
+                if toks and self.t_first is None:
+                    self.t_first = time.perf_counter()
                 if len(toks) >= 24 and looping(self.detokenize(toks)):  # a weak model repeating itself
                     self.looped = True
                     self._gen.cancel()

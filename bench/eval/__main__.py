@@ -31,6 +31,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--ratio", type=float, default=None, help="episode history / window (default 4, quick 3)")
     ap.add_argument("--seed", type=int, default=1000, help="first episode seed (kept apart from calibration)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tool-latency", type=float, default=0.0, metavar="S",
+                    help="seconds each scripted tool call takes (0: instant; the engine is idle meanwhile)")
     ap.add_argument("--out", default=None, help="output prefix (default bench/results/eval-MODEL[-quick])")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--peer-timeout", type=float, default=6 * 3600)
@@ -54,6 +56,9 @@ def main(argv=None) -> int:
         settings.window = args.window
     if args.ratio:
         settings.ratio = args.ratio
+    if args.tool_latency < 0:
+        raise SystemExit("--tool-latency must be >= 0")
+    settings.tool_latency = args.tool_latency
     out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{'-quick' if args.quick else ''}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     t0 = time.time()

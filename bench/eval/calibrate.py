@@ -6,8 +6,11 @@ compacting run would have summarized) and, after every tool result, asks the pro
 fork of the live sequence (only the probe is prefilled, then dropped).  A point after a step that closes
 a sub-goal is a *boundary* (a good moment to compact), any other a *mid* point.  Reported per variant and
 family: ROC AUC of p(COMPRESS) for boundary against mid points, and the threshold that best separates
-them (Youden's J).  Variants: each rubric's wording (the family's own, ``default``, ``boundary``), and
-the score relative to the episode's running mean of earlier probes instead of the raw probability.
+them (Youden's J).  Variants: each rubric's wording (the family's own, ``default``, ``boundary``), the
+score relative to the episode's running mean of earlier probes instead of the raw probability, and the
+score the session's verdict compares (``+cue``): p(COMPRESS) plus ``Policy.result_cue`` after a tool
+output that states a result (``pykvcompact/sessions/results.py``; deterministic, so ``--rescore`` adds it
+to an earlier run's points without asking the model again).
 
 The calibrated threshold and AUC go into ``pykvcompact/calibration.py`` by hand (the registry ships
 them), with this run's JSON in ``bench/results/``.
@@ -29,6 +32,7 @@ from .policies import RUBRIC_OF_FAMILY, full_window, Settings
 from .sizing import fit
 
 VARIANTS = ("family", "default", "boundary")
+CUE = __import__("pykvcompact").Policy().result_cue   # what the session adds after a stated result
 
 
 def youden(pos: List[float], neg: List[float]) -> Dict[str, float]:
@@ -68,6 +72,7 @@ def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARI
     import pykvcompact as pk
     from pykvcompact import rubrics
     from pykvcompact.sessions.prober import LABELS, PROBE_PROMPT
+    from pykvcompact.sessions.results import states_result
 
     from .environment import Environment
 
@@ -84,7 +89,8 @@ def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARI
             s.add(pending + env.step_messages(i, step))
             ctx = s._ctx
             point = {"family": ep.family, "seed": ep.seed, "step": i, "tokens": len(ctx),
-                     "label": "boundary" if step.closes else "mid", "p": {}}
+                     "label": "boundary" if step.closes else "mid", "p": {},
+                     "cue": states_result([e.msg for e in ctx.entries])}
             for name, text in texts.items():
                 q = {"role": "user", "content": PROBE_PROMPT.format(rubric=text)}
                 full = ctx.render(ctx.views() + [q], True)
@@ -102,14 +108,17 @@ def report(points: List[dict]) -> dict:
     out: dict = {"variants": {}}
     families = sorted({p["family"] for p in points})
     asked = [v for v in VARIANTS if points and v in points[0]["p"]]
-    for v in asked + [f"{x}-relative" for x in asked]:
-        base = v.replace("-relative", "")
+    cued = [f"{x}+cue" for x in asked] if points and all("cue" in p for p in points) else []
+    for v in asked + [f"{x}-relative" for x in asked] + cued:
+        base = v.replace("-relative", "").replace("+cue", "")
         scores = []
         for fam in families:
             for seed in sorted({p["seed"] for p in points if p["family"] == fam}):
                 ps = [p for p in points if p["family"] == fam and p["seed"] == seed]
                 raw = [p["p"][base] for p in ps]
                 vals = relative(raw) if v.endswith("-relative") else raw
+                if v.endswith("+cue"):
+                    vals = [x + (CUE if p["cue"] else 0.0) for p, x in zip(ps, vals)]
                 scores += [(p["family"], p["label"], x) for p, x in zip(ps, vals)]
         row = {}
         for fam in families + ["all"]:
@@ -136,7 +145,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"rubrics to probe, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rescore", default=None, metavar="JSON",
+                    help="add the result cue to an earlier run's points (no model call) and rewrite its report")
     args = ap.parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore)
     settings = Settings(window=args.window, ratio=args.ratio, reply_tokens=8)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -168,6 +181,40 @@ def main(argv=None) -> int:
         a = row["all"]
         print(f"{v:20} AUC {a['auc'] if a['auc'] is None else round(a['auc'], 3)}  "
               f"boundary {a['mean_boundary']}  mid {a['mean_mid']}  {a.get('youden')}  {a.get('fpr_0.1')}")
+    return 0
+
+
+def rescore(path: str) -> int:
+    """Add each point's ``cue`` (its step's tool output states a result) to an earlier run's JSON, rebuilding
+    its episodes with the run's model tokenizer (the sizing depends on it), and rewrite its report."""
+    import pykvcompact as pk
+    from pykvcompact.models import resolve_model
+    from pykvcompact.sessions.results import states_result
+
+    from .environment import Environment
+
+    with open(path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    engine = pk.Engine(str(resolve_model(meta["model"])), n_ctx=512, n_seq_max=1)
+    try:
+        episodes = {}
+        for p in data["points"]:
+            key = (p["family"], p["seed"])
+            if key not in episodes:
+                episodes[key] = fit(FAMILIES[p["family"]], p["seed"], meta["window"], engine.tokenize,
+                                    ratio=meta["ratio"])
+            ep = episodes[key]
+            p["cue"] = states_result(Environment(ep).step_messages(p["step"], ep.steps[p["step"]]))
+    finally:
+        engine.close()
+    data["report"] = report(data["points"])
+    meta["rescored"] = f"cue added {time.strftime('%Y-%m-%d')} (result_cue {CUE})"
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    for v, row in data["report"]["variants"].items():
+        print(f"{v:20} AUC {row['all']['auc']:.3f}  " + "  ".join(
+            f"{fam} {r['auc']:.2f}" for fam, r in row.items() if fam != "all" and r["auc"] is not None))
     return 0
 
 

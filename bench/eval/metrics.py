@@ -30,6 +30,13 @@ def auc(positives: Iterable[float], negatives: Iterable[float]) -> Optional[floa
     return wins / (len(pos) * len(neg))
 
 
+def _counts(xs: Iterable[str]) -> Dict[str, int]:
+    out: Dict[str, int] = defaultdict(int)
+    for x in xs:
+        out[x] += 1
+    return dict(out)
+
+
 def _mean(xs: List[float]) -> Optional[float]:
     return statistics.fmean(xs) if xs else None
 
@@ -67,6 +74,10 @@ def summarize(results: List[dict]) -> dict:
         "search_found": sum(r.get("search_found", 0) for r in results),
         "probe_auc": auc([p["p"] for p in probes if p["label"] == "boundary"],
                          [p["p"] for p in probes if p["label"] == "mid"]),
+        # what the verdict compares: p(COMPRESS) plus Policy.result_cue after a tool output stating a result
+        "probe_auc_cue": auc([p.get("score", p["p"]) for p in probes if p["label"] == "boundary"],
+                             [p.get("score", p["p"]) for p in probes if p["label"] == "mid"]),
+        "compactions_by_trigger": dict(sorted(_counts(c["trigger"] for c in comps).items())),
     }
 
 

@@ -19,6 +19,7 @@ def run_peer(model_path: str, episodes: List[Episode], settings: Settings, n_thr
         job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.json")
         json.dump({"model_path": str(model_path), "window": settings.window, "n_threads": n_threads,
                    "reply_tokens": settings.reply_tokens, "answer_tokens": settings.answer_tokens,
+                   "tool_latency": settings.tool_latency,
                    "summary_tokens": settings.summary_max_tokens or min(512, settings.window // 8),
                    "episodes": [e.to_dict() for e in episodes]}, open(job, "w"))
         proc = subprocess.run(command("bench.eval.peer_worker", job, out), cwd=tmp,

@@ -39,6 +39,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
 
     note(-1, -1, h.add([{"role": "user", "content": ep.task}], reply_tokens))
     for i, step in enumerate(ep.steps):
+        time.sleep(job.get("tool_latency", 0.0))   # the scripted tool runs (the peer has nothing to do meanwhile)
         note(i, i - 1, h.add(env.step_messages(i, step), reply_tokens))
         h.reply(reply_tokens)
         note(i, i, False)

@@ -30,6 +30,7 @@ class Settings:
     ratio: float = 4.0             # episode history / window
     compact_tool: bool = True      # offer compact_conversation in every summarizing mode (always in ``tool``)
     rubric: str = "boundary"       # the probe's rubric ("family": each family's own, RUBRIC_OF_FAMILY)
+    tool_latency: float = 0.0      # seconds each scripted tool call takes (the engine is idle meanwhile)
 
     @classmethod
     def quick(cls) -> "Settings":

@@ -44,8 +44,10 @@ class Recorder:
             self.events.append({"t": e.t - self.t0, "name": e.name, "step": step,
                                 "reason": getattr(e, "reason", None), "phase": self.phase(step)})
             if e.name == "probe":
+                cue = bool(getattr(e, "cue", False))
                 self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
-                                    "reason": e.reason, "label": self.phase(step)})
+                                    "reason": e.reason, "label": self.phase(step), "cue": cue,
+                                    "score": e.p + (session.policy.result_cue if cue else 0.0)})
             elif e.name in ("rebased", "dropped"):
                 trig = getattr(e, "trigger", "window")
                 at = step - 1 if (adding and trig not in AFTER_OUTPUT) else step
@@ -74,7 +76,7 @@ class Recorder:
             carried = [f.text for f in required if carries(text, f.text)]
             self.summaries.append({"required": [f.text for f in required], "carried": carried,
                                    "recall": (len(carried) / len(required)) if required else None,
-                                   "chars": len(text)})
+                                   "chars": len(text), "text": text[:4000]})
         self._seen_summaries = len(summaries)
 
     def result(self) -> dict:

@@ -41,6 +41,15 @@ def _answer(session, env, prompt: str, settings, *, searching: bool):
     return r["choices"][0]["message"].get("content") or "", n + r["usage"]["completion_tokens"]
 
 
+def tool_wait(session, seconds: float) -> None:
+    """The scripted tool takes ``seconds``: the session may use them (``Session.idle``), the rest is slept."""
+    if seconds <= 0:
+        return
+    t0 = time.perf_counter()
+    session.idle(seconds)
+    time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
+
+
 def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, history_dir: str) -> dict:
     import pykvcompact as pk
 
@@ -51,15 +60,17 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
     session = pk.Session(engine, system=ep.system, policy=policy, tools=ep.tools, history_dir=history_dir,
                          session_id=f"{ep.family}-{ep.seed}-{policy_name.replace('+', '_')}")
     rec = Recorder(ep, session.window)
-    decode, pending, answers = 0, [], []
+    decode, pending, answers, replies = 0, [], [], []
     try:
         session.add({"role": "user", "content": ep.task})
         rec.after(session, -1, adding=True)
         for i, step in enumerate(ep.steps):
+            tool_wait(session, settings.tool_latency)
             session.add(pending + env.step_messages(i, step))
             rec.after(session, i, adding=True)
             r = session.chat([], max_tokens=settings.reply_tokens)
             decode += r["usage"]["completion_tokens"]
+            replies.append(r["choices"][0]["message"].get("content") or "")
             rec.after(session, i, adding=False)
             pending = env.answer(r["choices"][0]["message"])
         if pending:
@@ -76,7 +87,7 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
     wall = time.perf_counter() - t0
     searches = [m for m in session.transcript if m.get("role") == "tool" and m.get("name") == "search_history"]
     return dict(family=ep.family, seed=ep.seed, policy=policy_name, window=window, wall_s=wall,
-                answers=answers, tokens=token_delta(before, engine.stats(), decode),
+                answers=answers, replies=replies, tokens=token_delta(before, engine.stats(), decode),
                 model_tool_calls=env.model_calls, model_tool_calls_matched=env.model_calls_matched,
                 search_calls=len(searches),
                 search_found=sum(any(is_correct(m["content"], q.answer) for q in ep.questions) for m in searches),

@@ -16,6 +16,10 @@ from .preparation import Preparation
 # rows per step for a preparation whose deadline is near (the engine's default is 8 next to the
 # conversation's decoding, 64 when it is idle): each row slows that step's decode (~3 ms a row here)
 DEADLINE_ROWS = 16
+# preparations the schedule starts (not a /compact or a tool call, which wait for the model's summary)
+PACED = ("soft", "schedule", "next_turns", "restart", "compress", "hard")
+PACE_MARGIN = 0.7   # plan on 70% of the measured pace: the conversation may speed up
+IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while the engine works alone
 
 
 class BackgroundPreparation:
@@ -25,8 +29,10 @@ class BackgroundPreparation:
         if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
             return False
         ctx = self.ctx
+        bg = self.policy.mode == "background"
         try:
-            job = self.maker.start(mark, instructions, background=self.policy.mode == "background")
+            job = self.maker.start(mark, instructions, background=bg,
+                                   affordable=self._affordable() if bg and reason in PACED else None)
         except engine_errors():
             return False
         self.prep = Preparation(job, mark=mark, mark_tok=ctx.mark_tok(mark), prefix_tok=ctx.prefix_tok(),
@@ -34,6 +40,22 @@ class BackgroundPreparation:
                                 reason=reason)
         self.emit(ev.SummaryStarted(mark, ctx.mark_tok(mark), background=True, reason=reason))
         return True
+
+    def _affordable(self) -> Optional[int]:
+        """Summary tokens the model can write before the window edge at the paces measured in this session
+        — the conversation's growth, the summary prompt's time before its first token, the writing rate
+        after it, the rebased context's prefill — with a margin; None until a model summary has missed the
+        edge once (``paced``) or while a pace is unknown.  On a slow machine a full-size summary started at
+        ``soft`` is never in by the edge (measured: 10 of 11 on Qwen2.5-Coder-1.5B, 2 cores, each abandoned
+        for the fallback after taking its rows): it is sized to what fits instead, or not asked for."""
+        r = self.meter.rates()
+        if not self.paced or not r.growth_tok_s or not r.summary_write_tok_s or r.summary_prompt_s is None:
+            return None
+        seconds = (self.lim.window - self.margin - len(self.ctx)) / r.growth_tok_s - r.summary_prompt_s
+        if r.prefill_tok_s:
+            rows = summary_message_budget(self.policy, self.lim.window) + max(self.lim.keep_recent, r.turn_tokens)
+            seconds -= rows / r.prefill_tok_s
+        return int(max(0.0, seconds) * r.summary_write_tok_s * PACE_MARGIN)
 
     def cancel(self, reason: Optional[str]) -> None:
         p, self.prep = self.prep, None
@@ -88,8 +110,11 @@ class BackgroundPreparation:
             p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
                                mode=self.policy.rebase)
         if p.rb is not None and p.rb.done() and p.rb_t0:
-            self.meter.prefill(len(p.replacement.tokens), time.perf_counter() - p.rb_t0)
+            self.meter.prefill(p.rb_rows, time.perf_counter() - p.rb_t0)
             p.rb_t0 = 0.0
+        if p.fallback_rb is not None and p.fallback_rb.done() and p.fallback_t0:
+            self.meter.prefill(p.fallback_rows, time.perf_counter() - p.fallback_t0)
+            p.fallback_t0 = 0.0
 
     def _restart_if_needed(self) -> None:
         p = self.prep
@@ -123,6 +148,17 @@ class BackgroundPreparation:
         self.cancel(why)
         if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trig:
             self.prep.commit_trigger = trig
+
+    def idle(self, seconds: float) -> None:
+        """Advance the preparation for up to ``seconds`` while the conversation has nothing to add."""
+        deadline = time.perf_counter() + seconds
+        while self.policy.mode == "background":
+            self.tick(turn_end=True)
+            p = self.prep
+            left = deadline - time.perf_counter()
+            if p is None or left <= 0 or (p.state == "caught_up" and p.fallback is None):
+                return
+            time.sleep(min(left, IDLE_POLL_S))
 
     def defer(self, trigger: str) -> bool:
         """Background mode: commit a preparation (started now if needed) once it is caught up, instead of

@@ -140,6 +140,7 @@ class SummaryMeta:
     kept: List[Candidate] = field(default_factory=list)
     body: str = ""      # carried text + the new summary text (what the next summary carries forward)
     standing: List[str] = field(default_factory=list)   # its standing instructions (carried with priority)
+    results: List[str] = field(default_factory=list)    # its key results, verbatim (results.py)
 
 
 def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None
@@ -181,14 +182,17 @@ def trim_lines(text: str, budget: int, count: Callable[[str], int]) -> str:
 
 
 def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
-            standing: Sequence[str] = ()) -> str:
+            standing: Sequence[str] = (), results: str = "") -> str:
     """The summary message's content: the kept messages, the standing instructions (an earlier summary's
-    and this one's, merged), the carried text, the new summary text (without its standing instructions)."""
+    and this one's, merged), the key results (``results``: their section, results.py), the carried text,
+    the new summary text (without its standing instructions)."""
     parts = [header]
     if kept:
         parts.append(USERS_HEADING + "\n" + "\n".join(
             (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept))
     parts.append(STANDING_HEADING + ("\n" + "\n".join(standing) if standing else " none"))
+    if results:
+        parts.append(results)
     if carried.strip():
         parts.append(CARRIED_HEADING + "\n" + carried.strip())
     if text.strip():

@@ -22,7 +22,8 @@ class Preparation:
         self.t0 = time.perf_counter()
         self.replacement: Optional[Replacement] = None
         self.rb = None
-        self.rb_t0 = 0.0
+        self.rb_t0, self.rb_rows = 0.0, 0             # when the rebased prefill started, and its rows then
+        self.fallback_t0, self.fallback_rows = 0.0, 0  # the same for the fallback's context
         self.commit_trigger: Optional[str] = None   # "compress": commit once caught up
         self.ready_at: Optional[float] = None
         self.fallback: Optional[Replacement] = None  # the fallback summary's context, prefilled meanwhile
@@ -30,6 +31,8 @@ class Preparation:
         self.fallback_summary: Optional[Summary] = None
         self.abandoned: list = []                    # cancelled after the swap (see use_fallback)
         self.rows = 0                                # rows per step granted (see set_rows)
+        self.written = 0                             # summary tokens written when the edge came (use_fallback)
+        self.pace = None                             # and the attempt's (prompt seconds, tokens/s) then
         self._granted = None                         # the summary attempt they were granted to
 
     # ------------------------------------------------------------------ state
@@ -68,7 +71,7 @@ class Preparation:
             if room(need):
                 try:
                     self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
-                    self.rb_t0 = time.perf_counter()
+                    self.rb_t0, self.rb_rows = time.perf_counter(), need
                     self._grant(self.rb)
                 except engine_errors():  # no slot or cells now: the commit prepares it synchronously
                     self.rb = None
@@ -88,6 +91,7 @@ class Preparation:
             return
         try:
             self.fallback_rb = seq.prepare_rebase(self.prefix_tok, rep.tokens, self.mark_tok, mode=mode)
+            self.fallback_t0, self.fallback_rows = time.perf_counter(), len(rep.tokens) + n - self.mark_tok
             self._grant(self.fallback_rb)
             self.fallback = rep
             self.fallback_summary = summary
@@ -125,7 +129,9 @@ class Preparation:
         summary and its context are abandoned: :meth:`release` cancels them after the swap (a cancel
         waits for the engine's next step; the conversation should not)."""
         self.set_rows(0)  # abandoned work must not slow the swap's own engine steps
+        self.written = self.job.generated   # what the model managed by the edge (its pace is measured)
         a = self.job.attempt
+        self.pace = a.pace(self.written) if a is not None and hasattr(a, "pace") else None
         if a is not None:  # stop writing now (a flag: no wait); the fork is closed after the swap
             a.cancel()
         self.abandoned = [x for x in (self.job, self.rb) if x is not None]

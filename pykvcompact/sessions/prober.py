@@ -11,6 +11,7 @@ from .. import events as ev
 from ..calibration import ProbeSettings
 from ..policy import probe_due, probe_skip_reason, verdict
 from .port import engine_errors, free_cells
+from .results import states_result
 
 PROBE_PROMPT = ("Context check. {rubric}\n"
                 "Is this a good moment to compact the conversation? Answer with one word: COMPRESS or CONTINUE.")
@@ -77,9 +78,10 @@ class Prober:
             self.emit(ev.ProbeSkipped("failed", fill, trigger))
             return "CONTINUE"
         p = float(probs.get(self.labels[0], float("nan")))
-        v, reason = verdict(self.policy, self.lim, p, n, self.settings.threshold)
+        cue = self.policy.result_cue > 0 and states_result([e.msg for e in self.ctx.entries])
+        v, reason = verdict(self.policy, self.lim, p, n, self.settings.threshold, cue=cue)
         self.emit(ev.Probe(v, p, len(toks), (time.perf_counter() - t0) * 1000.0, reason=reason, fill=fill,
-                           trigger=trigger))
+                           trigger=trigger, cue=cue))
         return v
 
 

@@ -30,6 +30,8 @@ class Rates:
     summary_tok_s: Optional[float] = None  # background summary tokens per second
     prefill_tok_s: Optional[float] = None  # background prefill rows per second
     peak_turn_tokens: int = 0              # the largest growth in one turn over a longer memory
+    summary_prompt_s: Optional[float] = None   # a background summary's time before its first token
+    summary_write_tok_s: Optional[float] = None  # its writing rate once started
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class RateMeter:
         self._growth: Optional[float] = None
         self._summary: Optional[float] = None
         self._prefill: Optional[float] = None
+        self._prompt_s: Optional[float] = None
+        self._write: Optional[float] = None
         self._recent = []
 
     def _mix(self, old, new):
@@ -137,13 +141,20 @@ class RateMeter:
         if tokens > 0 and seconds > 0:
             self._summary = self._mix(self._summary, tokens / seconds)
 
+    def summary_pace(self, prompt_s: float, write_tok_s: float):
+        """A background summary took ``prompt_s`` before its first token, then wrote ``write_tok_s``."""
+        if prompt_s >= 0 and write_tok_s > 0:
+            self._prompt_s = self._mix(self._prompt_s, prompt_s)
+            self._write = self._mix(self._write, write_tok_s)
+
     def prefill(self, tokens: int, seconds: float):
         if tokens > 0 and seconds > 0:
             self._prefill = self._mix(self._prefill, tokens / seconds)
 
     def rates(self) -> Rates:
         return Rates(self._growth, max(self._recent[-self.turns:], default=0), self._summary, self._prefill,
-                     peak_turn_tokens=max(self._recent, default=0))
+                     peak_turn_tokens=max(self._recent, default=0), summary_prompt_s=self._prompt_s,
+                     summary_write_tok_s=self._write)
 
 
 __all__ = ["Rates", "State", "Action", "ACTIONS", "PREP_STATES", "decide", "edge_action", "start_reason",

@@ -3,6 +3,7 @@ replaces the history (kept user messages, carried facts, the new summary) and it
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from .. import events as ev
@@ -15,12 +16,25 @@ from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, com
                      message_text, plan_kept, split_standing, trim_lines, trim_standing)
 from .ledger import Ledger
 from .messages import view_of
+from . import results as res
 from .summary_job import Summary, SummaryJob
 from .port import free_cells
 from .swap import Replacement
 
 
 MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
+SEARCH_POINTER = " search_history looks up any detail not listed here."
+MIN_MODEL_TOKENS = 32   # a model summary shorter than this is not worth its prompt's prefill
+
+
+@dataclass
+class Plan:
+    """What a summary of ``entries[n_prefix:mark]`` is made of, besides the model's text."""
+    kept: list        # messages kept verbatim (Candidates)
+    overflow: list    # user messages over budget (handed to the summarizer)
+    carried: str      # the earlier summaries' text, carried forward
+    standing: list    # the earlier summaries' standing instructions (carried with priority)
+    results: list     # key results: the earlier summaries' list, then the span's own (results.py)
 
 
 class SummaryMaker:
@@ -31,38 +45,44 @@ class SummaryMaker:
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
         self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
         self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
+        self.searchable = False   # the session offers search_history (the summary says so)
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
         meta = self.meta.get(id(msg))
         if meta is None:
             return None
-        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing}
+        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing,
+                "results": meta.results}
 
     def restore(self, msg: dict, described: Optional[dict]) -> None:
         if described:
             self.meta[id(msg)] = SummaryMeta([Candidate(**c) for c in described.get("kept", [])],
-                                             described.get("body", ""), list(described.get("standing") or []))
+                                             described.get("body", ""), list(described.get("standing") or []),
+                                             [str(x) for x in described.get("results") or []])
 
     # ------------------------------------------------------------------ what is kept
     def _first_user(self) -> Optional[int]:
         return next((i for i, m in enumerate(self.ledger.transcript)
                      if m.get("role") == "user" and not m.get("summary")), None)
 
-    def plan(self, mark: int):
-        """``(kept, overflow, carried, standing)`` for a summary of ``entries[n_prefix:mark]``: the messages
-        kept verbatim, the user messages over budget (handed to the summarizer), the earlier summaries'
-        text and their standing instructions (carried forward with priority)."""
+    def plan(self, mark: int) -> Plan:
+        """What a summary of ``entries[n_prefix:mark]`` carries: the messages kept verbatim, the user
+        messages over budget (handed to the summarizer), the earlier summaries' text, their standing
+        instructions and their key results (carried forward with priority), then the span's own results."""
         first = self._first_user()
-        cands, carried, standing = [], [], []
+        cands, carried, standing, results, span = [], [], [], [], []
         for e in self.ctx.entries[self.ctx.n_prefix:mark]:
             if e.summary:
                 meta = self.meta.get(id(e.msg), SummaryMeta())
                 cands.extend(meta.kept)
                 old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
                 standing.extend(meta.standing + old)
+                results.extend(meta.results)
                 carried.append(body)
-            elif e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
+                continue
+            span.append((e.tidx, e.msg))
+            if e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
                 text = message_text(e.msg)
                 pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
@@ -72,7 +92,17 @@ class SummaryMaker:
             kept, overflow = plan_kept(cands, 0, must_limit=0)
         else:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
-        return kept, overflow, "\n".join(c for c in carried if c.strip()), merge_standing(standing)
+        found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]])
+        return Plan(kept, overflow, "\n".join(c for c in carried if c.strip()), merge_standing(standing),
+                    res.merge(results, found))
+
+    def results_share(self, results: List[str]) -> int:
+        """Tokens of the summary text budget the key results take from the model's summary (at most half:
+        the model still writes the goal, the decisions and the next step)."""
+        if not results:
+            return 0
+        need = len(self.ctx.tok(res.section(results)))
+        return min(need, self.text_budget() // 2)
 
     def _pinned_elsewhere(self, cands) -> List[Candidate]:
         """Messages pinned after they left the live context: they come back verbatim in this summary."""
@@ -115,10 +145,15 @@ class SummaryMaker:
         return max(16, min(self.budget.listed, self.room() // 4))
 
     # ------------------------------------------------------------------ the job
-    def start(self, mark: int, instructions: Optional[str], *, background: bool) -> SummaryJob:
+    def start(self, mark: int, instructions: Optional[str], *, background: bool,
+              affordable: Optional[int] = None) -> SummaryJob:
+        """A summary of ``entries[n_prefix:mark]``.  ``affordable``: the summary tokens the model can write
+        in the time left (background mode, measured); the model writes at most that many, and none when
+        that is below :data:`MIN_MODEL_TOKENS` (the extractive summary then serves at once)."""
         ctx = self.ctx
         mark_tok = ctx.mark_tok(mark)
-        kept, overflow, carried, standing = self.plan(mark)
+        plan = self.plan(mark)
+        kept, overflow, carried, standing = plan.kept, plan.overflow, plan.carried, plan.standing
         self.summarized_users.extend(c.tidx for c in overflow)
         musts = [c for c in overflow if c.pinned or c.first]
         if musts and not self.tight:
@@ -129,7 +164,7 @@ class SummaryMaker:
 
         def prompt(shorter: bool) -> List[int]:
             req = {"role": "user", "content": summarizer_request(
-                self.ledger.path, budget, instructions, shorter, overflow_users=listed, omitted=omitted,
+                self.ledger.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
                 has_earlier=bool(carried or standing))}
             B = ctx.render(base)
             N = ctx.render(base + [req], True) + FIRST_HEADING
@@ -142,7 +177,12 @@ class SummaryMaker:
             return f
 
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark]]
-        budget = self.text_budget()
+        budget = self.text_budget() - self.results_share(plan.results)   # the model's share of the text
+        writes = budget if affordable is None else min(budget, affordable)
+        skip = ""
+        if writes < MIN_MODEL_TOKENS:
+            skip = (f"at the measured pace the model can write {max(0, writes)} summary tokens before the window "
+                    f"edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used")
         over, spare = [c.content for c in overflow], self.spare(kept)
         # a fallback's standing instructions beyond its budget only while the swap still gains clearly
         p_tok, m_tok = ctx.span(mark)[:2]
@@ -150,10 +190,10 @@ class SummaryMaker:
         return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
                           fallback=lambda reason: self.fallback_text(msgs, reason, budget, over, spare),
                           detok=ctx.detok,
-                          max_tokens=budget, timeout=self.policy.summary_timeout,
+                          max_tokens=max(writes, 1), timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
                           head=FIRST_HEADING, count=count,
-                          room=lambda n: free_cells(ctx.engine) >= n + 8)
+                          room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip)
 
     def spare(self, kept) -> int:
         """What the messages kept verbatim leave of their budget: standing instructions may use it."""
@@ -186,15 +226,19 @@ class SummaryMaker:
         """The summary message for ``entries[n_prefix:mark]``.  ``level`` > 0: a smaller plan, for a swap
         whose rebased context did not fit the pool (1: no carried text, a shorter summary; 2: only the
         user budget kept verbatim; 3: the standing instructions and a short summary only)."""
-        kept, _, carried, old_standing = self.plan(mark)
+        plan = self.plan(mark)
+        kept, carried, old_standing = plan.kept, plan.carried, plan.standing
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
-        carry = self.carry_budget() + max(0, self.text_budget() - summary.tokens)
+        share = self.results_share(plan.results)
+        model = self.text_budget() - share      # the model's (or the fallback's) share of the text budget
+        carry = self.carry_budget() + max(0, model - summary.tokens)
         # the standing instructions may also take what the kept messages leave of their budget (less what a
         # fallback summary's own standing instructions took of it beyond the text budget)
-        extra = max(0, self.spare(kept) - max(0, summary.tokens - self.text_budget()))
+        extra = max(0, self.spare(kept) - max(0, summary.tokens - model))
         if level >= 1:
             carry //= 2 ** level
+            share //= 2 ** level
             rest = trim_lines_end(rest, self.text_budget() // (2 * level), count)
         if level >= 2:
             budget = self.user_budget() if level == 2 else 0
@@ -207,24 +251,41 @@ class SummaryMaker:
             kept = fit
         if level >= 1:
             extra //= 2 ** level
-        old_standing = trim_standing(old_standing, carry + extra, count)   # first: the standing instructions
+        # what the text budget and the kept messages leave, in order: the standing instructions, the key
+        # results (beyond their share of the text), the earlier summary's text (within the text budget only)
+        old_standing = trim_standing(old_standing, carry + extra, count)
         used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
+        results, dropped = res.fit(plan.results, share + max(0, carry + extra - used), count)
+        used += max(0, (count(res.section(results)) if results else 0) - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
         standing = merge_standing(old_standing, new_standing)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
-        content = compose(header, kept, carried, rest, standing)
-        msg = {"role": "user", "content": content, "summary": True}
-        self.meta[id(msg)] = SummaryMeta(kept, (carried + "\n" + rest).strip(), standing)
+        header = header[:-1] + SEARCH_POINTER + "]" if self.searchable else header
+        limit = self.budget.total if level == 0 else None
+        while True:
+            content = compose(header, kept, carried, rest, standing, res.section(results, dropped, self.searchable))
+            msg = {"role": "user", "content": content, "summary": True}
+            rep = self._rendered(mark, msg)
+            if not results or limit is None or len(rep.tokens) <= limit:
+                break
+            results, dropped = results[1:], dropped + 1   # a long header (the history path): fewer results
+        # what the next summary carries forward: the model's text (a fallback's counts of messages describe a
+        # span that is gone: its standing instructions and results are carried on their own)
+        body = carried + "\n" + ("" if summary.fallback else rest)
+        self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results)
+        if level < MAX_SHRINK:
+            rep.smaller = lambda: self.replacement(mark, summary, level + 1)
+        return rep
+
+    def _rendered(self, mark: int, msg: dict) -> Replacement:
+        """The replacement of ``entries[n_prefix:mark]`` by ``msg``, rendered after the prefix."""
         view = view_of(msg)
         ctx = self.ctx
         pre = ctx.views()[:ctx.n_prefix]
         B = ctx.render(pre)
         N = ctx.render(pre + [view])
         r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
-        rep = Replacement(mark, msg, view, r_text, ctx.tok(r_text))
-        if level < MAX_SHRINK:
-            rep.smaller = lambda: self.replacement(mark, summary, level + 1)
-        return rep
+        return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
 
     def kept_tokens(self, msg) -> int:
         """Tokens of the messages a summary message carries verbatim (the cost of keeping them)."""

@@ -26,12 +26,14 @@ class Summary:
 class SummaryJob:
     """``fork_at(mark_tok)`` gives a fork cut at the mark; ``prompt(shorter)`` the summarizer prompt tokens
     (ending with the generation prompt and the prefilled first heading); ``fallback(reason)`` the
-    deterministic text; ``emit`` receives ``SummaryFailed`` events."""
+    deterministic text; ``emit`` receives ``SummaryFailed`` events.  ``skip``: why the model is not asked at
+    all (no time before the window edge): the fallback is the summary from the start."""
 
     def __init__(self, *, summarizer, fork_at: Callable[[], object], prompt: Callable[[bool], List[int]],
                  fallback: Callable[[str], str], detok: Callable[[List[int]], str], max_tokens: int,
                  timeout: float, retries: int, background: bool, emit: Callable[[ev.Event], None],
-                 head: str = "", count: Callable[[str], int] = len, room: Callable[[int], bool] = lambda n: True):
+                 head: str = "", count: Callable[[str], int] = len, room: Callable[[int], bool] = lambda n: True,
+                 skip: str = ""):
         self._summarizer, self._fork_at, self._prompt, self._fallback = summarizer, fork_at, prompt, fallback
         self._detok, self.max_tokens, self.timeout, self.retries = detok, max_tokens, timeout, retries
         self.background, self._emit, self.head, self._count, self._room = background, emit, head, count, room
@@ -41,7 +43,11 @@ class SummaryJob:
         self.fork = None
         self.attempt = None
         self.prompt_tokens = 0
-        self._start(shorter=False)
+        if skip:  # no time for the model: the deterministic (extractive) summary at once
+            self.attempts = self.retries + 1
+            self._failed("no_time", skip)
+        else:
+            self._start(shorter=False)
 
     # ------------------------------------------------------------------ attempts
     def _start(self, shorter: bool) -> None:
