@@ -159,7 +159,9 @@ def summarize_events(evs) -> dict:
         "probe_ms_median": round(statistics.median([e.ms for e in probes]), 1) if probes else None,
         "rebases": len(reb),
         "rebases_by_trigger": by_trigger,
-        "rebases_prepared": sum(1 for e in reb if e.prepared),
+        # a partition: the model's summary prepared; the deterministic one (at the edge, or chosen when the
+        # model had no time: then prepared too); neither (waited for the model's summary)
+        "rebases_prepared": sum(1 for e in reb if e.prepared and not getattr(e, "fallback", False)),
         "rebases_fallback": sum(1 for e in reb if getattr(e, "fallback", False)),
         "rebases_waited": sum(1 for e in reb if not e.prepared and not getattr(e, "fallback", False)),
         "wait_ms_max": round(max((getattr(e, "wait_ms", 0.0) for e in reb), default=0.0), 1),

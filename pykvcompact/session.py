@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import math
+import numbers
 import uuid
 import warnings
 import weakref
@@ -209,10 +211,17 @@ class Session(CallLoop):
         when nothing else runs, and the session builds and prefills the rebased context as soon as the
         summary is in, and commits one a COMPRESS verdict asked for.  Returns when the preparation is caught
         up, when there is none to advance, or after ``seconds``.  Other modes return at once."""
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
+        if not isinstance(seconds, numbers.Real) or isinstance(seconds, bool) or not seconds >= 0:
             raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        try:
+            seconds = float(seconds)
+        except OverflowError:   # an int too large for a float: as long as it takes
+            seconds = math.inf
+        if getattr(self.engine, "closed", False):
+            from .errors import EngineClosedError
+            raise EngineClosedError("the session's engine is closed; Session.load the log on a new engine")
         with self._one_call():
-            self._compactor.idle(float(seconds))
+            self._compactor.idle(seconds)
         self._pending.clear()
 
     def pin(self, message_index: int) -> None:

@@ -68,7 +68,7 @@ def test_bad_command_arguments_do_not_end_the_chat(engine, tmp_path):
 def test_compact_command(engine, tmp_path):
     app, out = run_app(engine, ["Hi", "/compact"], tmp_path, window=1024, summary_max_tokens=32, mode="hard")
     assert "nothing to compact yet" in out
-    fillers = [" ".join(f"fact {i} is {i * 7}." for i in range(k * 12, k * 12 + 12)) for k in range(3)]
+    fillers = [" ".join(f"fact {i} is {i * 7}." for i in range(k * 12, k * 12 + 12)) for k in range(5)]
     app, out = run_app(engine, fillers + ["/compact keep the facts"], tmp_path, window=1024,
                        summary_max_tokens=32, mode="hard")
     assert "compacted: swap" in out

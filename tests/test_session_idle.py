@@ -59,3 +59,21 @@ def test_idle_in_a_synchronous_mode_returns_at_once_and_bad_input_is_refused(tmp
     s.close()
     with pytest.raises(errors.SequenceClosedError):
         s.idle(0.1)
+
+
+def test_idle_takes_any_real_number(tmp_path):
+    import numpy as np
+    _, s = session(tmp_path, mode="hard")
+    s.idle(np.float32(0.01))
+    s.idle(np.int64(0))
+    s.idle(10 ** 400)              # as long as it takes: returns at once here (nothing to prepare)
+
+
+def test_idle_on_a_closed_engine_raises_like_the_other_calls(tiny_model_path, tmp_path):
+    eng = pk.Engine(tiny_model_path, n_ctx=2048, n_seq_max=4)
+    s = pk.Session(eng, history_dir=tmp_path, policy=pk.Policy(mode="background", window=512, compact_tool=False,
+                                                               history_tool=False))
+    s.idle(0.01)
+    eng.close()
+    with pytest.raises(errors.EngineClosedError):
+        s.idle(0.1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import pathlib
 import sys
@@ -56,8 +57,8 @@ def main(argv=None) -> int:
         settings.window = args.window
     if args.ratio:
         settings.ratio = args.ratio
-    if args.tool_latency < 0:
-        raise SystemExit("--tool-latency must be >= 0")
+    if not (math.isfinite(args.tool_latency) and args.tool_latency >= 0):
+        raise SystemExit(f"--tool-latency must be a finite number of seconds >= 0, got {args.tool_latency}")
     settings.tool_latency = args.tool_latency
     out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{'-quick' if args.quick else ''}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))

@@ -19,6 +19,7 @@ DEADLINE_ROWS = 16
 # preparations the schedule starts (not a /compact or a tool call, which wait for the model's summary)
 PACED = ("soft", "schedule", "next_turns", "restart", "compress", "hard")
 PACE_MARGIN = 0.7   # plan on 70% of the measured pace: the conversation may speed up
+RETRY_AFTER_SKIPS = 3   # preparations without the model before it is asked again, uncapped
 IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while the engine works alone
 
 
@@ -30,11 +31,15 @@ class BackgroundPreparation:
             return False
         ctx = self.ctx
         bg = self.policy.mode == "background"
+        # after a few summaries without the model, ask it again uncapped: its pace is measured anew (the
+        # machine may have quietened, the agent's tools may now leave the engine idle)
+        paced = bg and reason in PACED and self.skips < RETRY_AFTER_SKIPS
         try:
-            job = self.maker.start(mark, instructions, background=bg,
-                                   affordable=self._affordable() if bg and reason in PACED else None)
+            job = self.maker.start(mark, instructions, background=bg, affordable=self._affordable() if paced else None)
         except engine_errors():
             return False
+        skipped = job.summary is not None and job.summary.reason == "no_time"
+        self.skips = self.skips + 1 if skipped else 0
         self.prep = Preparation(job, mark=mark, mark_tok=ctx.mark_tok(mark), prefix_tok=ctx.prefix_tok(),
                                 instructions=instructions, build=lambda s: self.maker.replacement(mark, s),
                                 reason=reason)
@@ -49,13 +54,17 @@ class BackgroundPreparation:
         ``soft`` is never in by the edge (measured: 10 of 11 on Qwen2.5-Coder-1.5B, 2 cores, each abandoned
         for the fallback after taking its rows): it is sized to what fits instead, or not asked for."""
         r = self.meter.rates()
-        if not self.paced or not r.growth_tok_s or not r.summary_write_tok_s or r.summary_prompt_s is None:
+        if not self.paced or not r.growth_tok_s or r.summary_prompt_s is None:
             return None
         seconds = (self.lim.window - self.margin - len(self.ctx)) / r.growth_tok_s - r.summary_prompt_s
         if r.prefill_tok_s:
             rows = summary_message_budget(self.policy, self.lim.window) + max(self.lim.keep_recent, r.turn_tokens)
             seconds -= rows / r.prefill_tok_s
-        return int(max(0.0, seconds) * r.summary_write_tok_s * PACE_MARGIN)
+        if seconds <= 0:
+            return 0      # its prompt alone (and the rebased prefill) take longer than the time left
+        if not r.summary_write_tok_s:
+            return None   # the writing pace is unknown yet: try
+        return int(seconds * r.summary_write_tok_s * PACE_MARGIN)
 
     def cancel(self, reason: Optional[str]) -> None:
         p, self.prep = self.prep, None

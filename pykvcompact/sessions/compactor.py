@@ -27,6 +27,7 @@ class Compactor(BackgroundPreparation):
         self.call_tidx: Optional[int] = None   # transcript index of the running call's first message
         self.worst_stall_ms = 0.0
         self.paced = False               # a model summary missed the window edge: size the next ones to the pace
+        self.skips = 0                   # preparations in a row that did not ask the model (no time)
         self.margin = policy.chunk_tokens + 8
         self.fork_cells: Optional[int] = None   # cells reserved beyond the window (set by the session)
         ctx.on_truncate = self._on_truncate
@@ -172,7 +173,7 @@ class Compactor(BackgroundPreparation):
             # the pace it managed (at least a token: an attempt still in its prompt wrote none), so the next
             # preparation asks the model for what it can write in time (BackgroundPreparation._affordable)
             self.meter.summary(max(1, p.written), p.elapsed_ms / 1000.0)
-            self.meter.summary_pace(*(p.pace or (p.elapsed_ms / 1000.0, 1e-3)))  # no token yet: all prompt
+            self.meter.summary_pace(*(p.pace or (p.elapsed_ms / 1000.0,)))  # no token yet: all of it was prompt
             self.paced = True
             self.emit(ev.SummaryFailed("max_stall", summary.attempts,
                                        f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="

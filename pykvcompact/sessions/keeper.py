@@ -141,6 +141,7 @@ class SummaryMeta:
     body: str = ""      # carried text + the new summary text (what the next summary carries forward)
     standing: List[str] = field(default_factory=list)   # its standing instructions (carried with priority)
     results: List[str] = field(default_factory=list)    # its key results, verbatim (results.py)
+    left_out: int = 0                                   # results left out for space (its section says so)
 
 
 def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None

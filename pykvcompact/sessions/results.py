@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -29,10 +30,10 @@ RESULTS_HEADING = "Key results, copied verbatim from the history:"
 SESSION_TOOLS = ("search_history", "compact_conversation")
 SHORT_LINES = 2          # a tool output of at most this many non-empty lines ...
 SHORT_CHARS = 480        # ... and characters is a result, not data
+LONG_TAIL = 3            # a longer output's conclusion is in its last lines (a test run's summary line)
 MAX_LINE_CHARS = 220     # a result line longer than this keeps its head and its tail
 CLAIM = "(assistant)"    # the prefix of a result the assistant stated (not a tool)
 
-_NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?%?"
 _VALUE_RE = re.compile(
     r"(?<![\w.])(?:"
     r"\d{4}-\d{2}-\d{2}(?:T[\d:]+)?"                 # a date
@@ -45,10 +46,19 @@ _VALUE_RE = re.compile(
 )
 _CONCLUSIVE_RE = re.compile(
     r"\b(total|totals|final|result|results|verified|settled|answer|answers|conclusion|concluded|confirmed|"
-    r"established|resolved|fixed|passed|failed|balance|outcome|decided|found|equals?)\b",
+    r"checked|validated|established|resolved|fixed|passed|failed|balance|outcome|decided|found|equals?)\b",
     re.IGNORECASE)
-_HEDGE_RE = re.compile(r"\b(might|maybe|perhaps|possibly|probably|unverified|unconfirmed|rumou?red?|allegedly|"
-                       r"guess|could be|not sure|uncertain|unclear)\b", re.IGNORECASE)
+_HEDGE_RE = re.compile(
+    r"\b(might|maybe|perhaps|possibly|probably|likely|unlikely|unverified|unconfirmed|rumou?red?|allegedly|"
+    r"guess(?:ed)?|estimated?|approximately|approx|roughly|seems?|appears?|apparently|suspect(?:ed)?|"
+    r"may (?:be|have)|could be|i think|i believe|not sure|uncertain|unclear|tentative(?:ly)?)\b", re.IGNORECASE)
+# lines of source code, not statements: an indented line, a keyword first, an assertion or a call
+_CODE_RE = re.compile(r"^\s{2,}\S|^\s*(def|class|return|raise|assert|import|from|if|elif|else|for|while|try|except|"
+                      r"with|function|const|let|var|public|private|static|#include)\b|[;{}]\s*$|[\w)\]]\s*[=!]=\s*[\w(\[\"']")
+# not a sub-goal closing, whatever the values: failures, and work announced as still going on
+_OPEN_RE = re.compile(r"\b(error|errors|exception|traceback|failed|failure|refused|timeout|timed out|warning|"
+                      r"progress|page \d+ of|loading|loaded|running|pending|in progress|next page|call again|"
+                      r"continue|continuing|remaining|partial)\b|\d+%", re.IGNORECASE)
 _SPACE_RE = re.compile(r"\s+")
 
 
@@ -57,6 +67,7 @@ class Result:
     tidx: int        # transcript index of the message it comes from
     line: str        # the line as listed: "- settle(account=ACC-1042): Settled total: 1,204.50"
     claim: bool      # the assistant's statement, not a tool's output (dropped first when over budget)
+    conclusive: bool = False   # it reads as a conclusion (the probe's result cue needs one)
 
 
 def values_of(text: str) -> List[str]:
@@ -72,29 +83,29 @@ def _clip(line: str) -> str:
     return line[:half].rstrip() + " … " + line[-half:].lstrip()
 
 
-def _calls(messages: Sequence[dict]) -> Dict[str, Tuple[str, dict]]:
-    """tool_call_id -> (function name, arguments) of every assistant tool call in ``messages``."""
-    out: Dict[str, Tuple[str, dict]] = {}
-    for m in messages:
-        for tc in m.get("tool_calls") or []:
-            if not isinstance(tc, dict):
-                continue
-            f = tc.get("function", tc) if isinstance(tc.get("function", tc), dict) else {}
-            args = f.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    args = {}
-            out[str(tc.get("id", ""))] = (str(f.get("name", "tool")), args if isinstance(args, dict) else {})
-    return out
+def _call_of(tc) -> Optional[Tuple[str, str, dict]]:
+    """``(id, function name, arguments)`` of one assistant tool call, or None when it is malformed."""
+    if not isinstance(tc, dict):
+        return None
+    f = tc.get("function", tc)
+    f = f if isinstance(f, dict) else {}
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            args = {}
+    return str(tc.get("id", "")), str(f.get("name", "tool")), args if isinstance(args, dict) else {}
+
+
+def _shape(line: str) -> str:
+    """The first word with its digits as 0: rows of a table, a log or search hits share it."""
+    return re.sub(r"\d", "0", (line.split() or [""])[0])
 
 
 def _listing(lines: Sequence[str]) -> bool:
-    """Records, not a statement: two or more lines that start alike (the first word's shape: ``tx``,
-    ``Doc``, ``12:41``), as rows of a table, a log or search hits do."""
-    shapes = {re.sub(r"\d", "0", (x.split() or [""])[0]) for x in lines}
-    return len(lines) >= 2 and len(shapes) == 1
+    """Records, not a statement: two or more lines that start alike (``tx``, ``Doc``, ``12:41``)."""
+    return len(lines) >= 2 and len({_shape(x) for x in lines}) == 1
 
 
 def _label(name: str, args: dict, line: str) -> str:
@@ -110,37 +121,54 @@ def _label(name: str, args: dict, line: str) -> str:
 
 def extract(messages: Sequence[Tuple[int, dict]], context: Sequence[dict] = ()) -> List[Result]:
     """The results stated in ``messages`` (``(transcript index, message)``, oldest first), in order.
-    ``context``: other messages whose tool calls may name a tool result's call (the span's own are used
-    too)."""
-    calls = _calls(list(context) + [m for _, m in messages])
+    ``context``: the messages before them, whose tool calls may name a tool result's call.  A tool
+    result is matched to the nearest call with its id before it (ids repeat: ``call_0`` after a restart)."""
+    calls: Dict[str, Tuple[str, dict]] = {}
+    for m in context:
+        for c in filter(None, map(_call_of, m.get("tool_calls") or [])):
+            calls[c[0]] = c[1:]
     out: List[Result] = []
     for tidx, m in messages:
-        role, content = m.get("role"), m.get("content")
-        if m.get("summary") or role not in ("tool", "assistant") or not isinstance(content, str):
+        for c in filter(None, map(_call_of, m.get("tool_calls") or [])):
+            calls[c[0]] = c[1:]
+        out.extend(_results_of(tidx, m, calls))
+    return out
+
+
+def _results_of(tidx: int, m: dict, calls: Dict[str, Tuple[str, dict]]) -> List[Result]:
+    role, content = m.get("role"), m.get("content")
+    if m.get("summary") or role not in ("tool", "assistant") or not isinstance(content, str):
+        return []
+    lines = [x for x in content.split("\n") if x.strip()]
+    short = len(lines) <= SHORT_LINES and len(content) <= SHORT_CHARS and not _listing(lines)
+    if role == "tool":
+        name, args = calls.get(str(m.get("tool_call_id", "")), (m.get("name") or "tool", {}))
+        if name in SESSION_TOOLS or m.get("name") in SESSION_TOOLS:
+            return []
+    elif not short:
+        return []   # the assistant's long replies are reasoning, not statements of a result
+    out = []
+    shapes = Counter(_shape(x) for x in lines)
+    for raw in (lines if short else lines[-LONG_TAIL:]):
+        flat = " ".join(raw.split())
+        if not values_of(flat) or _HEDGE_RE.search(flat) or _CODE_RE.search(raw):
             continue
-        lines = [x for x in content.split("\n") if x.strip()]
-        if role == "tool":
-            name, args = calls.get(str(m.get("tool_call_id", "")), (m.get("name") or "tool", {}))
-            if name in SESSION_TOOLS or m.get("name") in SESSION_TOOLS:
-                continue
-            short = len(lines) <= SHORT_LINES and len(content) <= SHORT_CHARS and not _listing(lines)
-        for raw in lines:
-            line = _clip(raw)
-            if not values_of(line) or _HEDGE_RE.search(line):
-                continue
-            conclusive = bool(_CONCLUSIVE_RE.search(line))
-            sentence = len(" ".join(raw.split())) <= MAX_LINE_CHARS   # a longer line is data (a listing)
-            if role == "tool" and ((short and sentence) or conclusive):
-                out.append(Result(tidx, f"- {_label(name, args, line)}: {line}", False))
-            elif role == "assistant" and conclusive and len(lines) <= SHORT_LINES:
-                out.append(Result(tidx, f"- {CLAIM} {line}", True))
+        if not short and shapes[_shape(raw)] >= 3:
+            continue   # one more row of a table or a log, not its conclusion
+        conclusive = bool(_CONCLUSIVE_RE.search(flat))
+        sentence = len(flat) <= MAX_LINE_CHARS   # a longer line is data (a listing)
+        line = _clip(flat)
+        if role == "tool" and ((short and sentence) or conclusive):
+            out.append(Result(tidx, f"- {_label(name, args, line)}: {line}", False, conclusive))
+        elif role == "assistant" and conclusive:
+            out.append(Result(tidx, f"- {CLAIM} {line}", True, True))
     return out
 
 
 def states_result(messages: Sequence[dict]) -> bool:
-    """Does the newest tool output (the tool messages after the last other message) state a result?  A
-    sub-goal that just closed with a value is the rubric's first reason to compress: the probe's
-    ``result_cue`` (``Policy``) rests on this."""
+    """Does the newest tool output (the tool messages after the last other message) close a sub-goal with
+    a result: a conclusive line with a value, no failure, nothing announced as still going on?  The
+    probe's ``result_cue`` (``Policy``) rests on this: a stricter test than what the summary lists."""
     tail: List[dict] = []
     for m in reversed(messages):
         if m.get("role") != "tool":
@@ -148,8 +176,11 @@ def states_result(messages: Sequence[dict]) -> bool:
         tail.append(m)
     if not tail:
         return False
-    found = extract(list(enumerate(reversed(tail))), messages)
-    return any(not r.claim for r in found)
+    tail.reverse()
+    if any(_OPEN_RE.search(m.get("content") or "") for m in tail if isinstance(m.get("content"), str)):
+        return False
+    found = extract(list(enumerate(tail)), messages[:len(messages) - len(tail)])
+    return any(r.conclusive and not r.claim for r in found)
 
 
 def _key(line: str) -> str:
@@ -179,23 +210,37 @@ def merge(carried: Sequence[str], new: Iterable[Result]) -> List[str]:
     return out
 
 
-def fit(lines: Sequence[str], budget: int, count: Callable[[str], int]) -> Tuple[List[str], int]:
-    """``(kept, dropped)``: ``lines`` within ``budget`` tokens, as :func:`section` renders them.  Over
-    budget, the assistant's statements go first, then the oldest results (the history file and
-    ``search_history`` still hold them: the section says how many)."""
+def fit(lines: Sequence[str], budget: int, count: Callable[[str], int], left_out: int = 0
+        ) -> Tuple[List[str], int]:
+    """``(kept, left_out)``: ``lines`` within ``budget`` tokens, as :func:`section` renders them with the
+    count of results already left out by earlier summaries (``left_out``).  Over budget, the assistant's
+    statements go first, then the oldest results (the history file and ``search_history`` still hold
+    them: the section says how many).  Each line is counted once (a long list is not re-counted per
+    dropped line)."""
     lines = list(lines)
-    dropped = 0
-    while lines and count(section(lines, dropped, True)) > budget:
-        k = next((i for i, x in enumerate(lines) if x.startswith(f"- {CLAIM}")), 0)
-        lines.pop(k)
-        dropped += 1
-    if not lines and dropped and count(section([], dropped, True)) > budget:
+    fixed = count(section([], left_out + len(lines), True)) + 1   # the heading and the note, at their largest
+    sizes = [count(x) + 1 for x in lines]
+    order = [i for i, x in enumerate(lines) if x.startswith(f"- {CLAIM}")] + \
+            [i for i, x in enumerate(lines) if not x.startswith(f"- {CLAIM}")]
+    total, gone = fixed + sum(sizes), set()
+    for i in order:
+        if total <= budget:
+            break
+        gone.add(i)
+        total -= sizes[i]
+    kept = [x for i, x in enumerate(lines) if i not in gone]
+    left = left_out + len(gone)
+    while kept and count(section(kept, left, True)) > budget:   # the estimate was off (merged tokens)
+        kept.pop(0)
+        left += 1
+    if not kept and count(section([], left, True)) > budget:
         return [], 0   # not even the note fits: nothing is listed (the history file holds them all)
-    return lines, dropped
+    return kept, left
 
 
 def section(lines: Sequence[str], dropped: int = 0, searchable: bool = False) -> str:
-    """The summary message's results section ("" when there is nothing to list)."""
+    """The summary message's results section ("" when there is nothing to list); ``dropped``: how many
+    results earlier summaries and this one left out for space."""
     if not lines and not dropped:
         return ""
     body = list(lines)

@@ -141,10 +141,12 @@ class RateMeter:
         if tokens > 0 and seconds > 0:
             self._summary = self._mix(self._summary, tokens / seconds)
 
-    def summary_pace(self, prompt_s: float, write_tok_s: float):
-        """A background summary took ``prompt_s`` before its first token, then wrote ``write_tok_s``."""
-        if prompt_s >= 0 and write_tok_s > 0:
+    def summary_pace(self, prompt_s: float, write_tok_s: Optional[float] = None):
+        """A background summary took ``prompt_s`` before its first token, then wrote ``write_tok_s`` (None:
+        it had not started writing, and ``prompt_s`` is a lower bound)."""
+        if prompt_s >= 0:
             self._prompt_s = self._mix(self._prompt_s, prompt_s)
+        if write_tok_s is not None and write_tok_s > 0:
             self._write = self._mix(self._write, write_tok_s)
 
     def prefill(self, tokens: int, seconds: float):

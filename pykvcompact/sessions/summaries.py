@@ -35,6 +35,7 @@ class Plan:
     carried: str      # the earlier summaries' text, carried forward
     standing: list    # the earlier summaries' standing instructions (carried with priority)
     results: list     # key results: the earlier summaries' list, then the span's own (results.py)
+    left_out: int = 0  # results the earlier summaries left out for space (the next one still says so)
 
 
 class SummaryMaker:
@@ -53,13 +54,14 @@ class SummaryMaker:
         if meta is None:
             return None
         return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing,
-                "results": meta.results}
+                "results": meta.results, "left_out": meta.left_out}
 
     def restore(self, msg: dict, described: Optional[dict]) -> None:
         if described:
             self.meta[id(msg)] = SummaryMeta([Candidate(**c) for c in described.get("kept", [])],
                                              described.get("body", ""), list(described.get("standing") or []),
-                                             [str(x) for x in described.get("results") or []])
+                                             [str(x) for x in described.get("results") or []],
+                                             int(described.get("left_out") or 0))
 
     # ------------------------------------------------------------------ what is kept
     def _first_user(self) -> Optional[int]:
@@ -71,7 +73,7 @@ class SummaryMaker:
         messages over budget (handed to the summarizer), the earlier summaries' text, their standing
         instructions and their key results (carried forward with priority), then the span's own results."""
         first = self._first_user()
-        cands, carried, standing, results, span = [], [], [], [], []
+        cands, carried, standing, results, span, left_out = [], [], [], [], [], 0
         for e in self.ctx.entries[self.ctx.n_prefix:mark]:
             if e.summary:
                 meta = self.meta.get(id(e.msg), SummaryMeta())
@@ -79,9 +81,11 @@ class SummaryMaker:
                 old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
                 standing.extend(meta.standing + old)
                 results.extend(meta.results)
+                left_out += meta.left_out
                 carried.append(body)
                 continue
-            span.append((e.tidx, e.msg))
+            if not self.ledger.is_pinned(e.tidx):   # a pinned message is kept whole: no need to list its lines
+                span.append((e.tidx, e.msg))
             if e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
                 text = message_text(e.msg)
                 pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
@@ -94,7 +98,7 @@ class SummaryMaker:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
         found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]])
         return Plan(kept, overflow, "\n".join(c for c in carried if c.strip()), merge_standing(standing),
-                    res.merge(results, found))
+                    res.merge(results, found), left_out)
 
     def results_share(self, results: List[str]) -> int:
         """Tokens of the summary text budget the key results take from the model's summary (at most half:
@@ -180,7 +184,7 @@ class SummaryMaker:
         budget = self.text_budget() - self.results_share(plan.results)   # the model's share of the text
         writes = budget if affordable is None else min(budget, affordable)
         skip = ""
-        if writes < MIN_MODEL_TOKENS:
+        if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
             skip = (f"at the measured pace the model can write {max(0, writes)} summary tokens before the window "
                     f"edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used")
         over, spare = [c.content for c in overflow], self.spare(kept)
@@ -255,8 +259,8 @@ class SummaryMaker:
         # results (beyond their share of the text), the earlier summary's text (within the text budget only)
         old_standing = trim_standing(old_standing, carry + extra, count)
         used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
-        results, dropped = res.fit(plan.results, share + max(0, carry + extra - used), count)
-        used += max(0, (count(res.section(results)) if results else 0) - share)
+        results, dropped = res.fit(plan.results, share + max(0, carry + extra - used), count, plan.left_out)
+        used += max(0, (count(res.section(results, dropped)) if results or dropped else 0) - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
         standing = merge_standing(old_standing, new_standing)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
@@ -266,13 +270,16 @@ class SummaryMaker:
             content = compose(header, kept, carried, rest, standing, res.section(results, dropped, self.searchable))
             msg = {"role": "user", "content": content, "summary": True}
             rep = self._rendered(mark, msg)
-            if not results or limit is None or len(rep.tokens) <= limit:
+            if limit is None or len(rep.tokens) <= limit or not (results or dropped):
                 break
-            results, dropped = results[1:], dropped + 1   # a long header (the history path): fewer results
+            if results:   # a long header (the history path): fewer results
+                results, dropped = results[1:], dropped + 1
+            else:         # not even the note that some were left out
+                dropped = 0
         # what the next summary carries forward: the model's text (a fallback's counts of messages describe a
         # span that is gone: its standing instructions and results are carried on their own)
         body = carried + "\n" + ("" if summary.fallback else rest)
-        self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results)
+        self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results, dropped)
         if level < MAX_SHRINK:
             rep.smaller = lambda: self.replacement(mark, summary, level + 1)
         return rep

@@ -43,9 +43,10 @@ class SummaryJob:
         self.fork = None
         self.attempt = None
         self.prompt_tokens = 0
-        if skip:  # no time for the model: the deterministic (extractive) summary at once
-            self.attempts = self.retries + 1
-            self._failed("no_time", skip)
+        if skip:  # no time for the model: the deterministic (extractive) summary at once, no attempt made
+            self._emit(ev.SummaryFailed("no_time", 0, skip))
+            text = self._fallback("no_time")
+            self.summary = Summary(text, self._count(text), True, 0, "no_time")
         else:
             self._start(shorter=False)
 
