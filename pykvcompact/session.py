@@ -23,6 +23,7 @@ import datetime
 import json
 import math
 import numbers
+import time
 import uuid
 import warnings
 import weakref
@@ -96,6 +97,7 @@ class Session(CallLoop):
         self._n_calls = 0
         self._closed = False
         self._busy = False                   # a chat/stream/compact call is running (one at a time)
+        self._turn_end = time.perf_counter()  # when the last call that grew the conversation ended (its pace)
         self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._offer_search = policy.offers_search
@@ -177,8 +179,10 @@ class Session(CallLoop):
         """Append messages to the live context without generating a reply."""
         msgs = normalize_messages(messages)
         with self._one_call():
+            self._ctx.prefilled = 0
             for _ in self._add_messages(msgs):
                 pass
+            self._metered(self._ctx.prefilled)
 
     def chat(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> dict:
         """Add ``messages`` (a str is a user message) and generate the assistant reply.

@@ -2,6 +2,7 @@
 happens at the window edge (commit, keep going in the headroom, wait at most max_stall_ms, fall back)."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import pykvcompact as pk
@@ -53,7 +54,7 @@ def test_starts_when_time_to_hard_is_no_longer_than_preparation(window, n_frac, 
     lim = p.limits(window)
     n = int(n_frac * window)
     r = S.Rates(growth_tok_s=growth, turn_tokens=0, summary_tok_s=summ, prefill_tok_s=prefill)
-    st_ = S.State(n, n, prefill_left=lim.summary + lim.keep_recent)
+    st_ = S.State(n, n, summary_left=lim.summary, prefill_left=lim.summary + lim.keep_recent)
     need = S.predicted_prep_s(r, lim.summary, st_.prefill_left)
     left = S.time_to_hard_s(lim, n, r)
     why = S.start_reason(p, lim, st_, r)
@@ -123,3 +124,19 @@ def test_rate_meter_peak_remembers_a_large_turn_longer_than_the_pace():
     for _ in range(8):
         m.turn(60, 1.0)
     assert m.rates().peak_turn_tokens == 60
+
+
+def test_rate_meter_growth_is_tokens_over_time_not_a_mean_of_rates():
+    """An agent adds a tool result (250 tokens in 1 s) then asks for a reply (24 tokens in 3 s): it grows
+    274 tokens in 4 s, not at the mean of 250 and 8 tokens a second (issue 8: the eval's add + chat)."""
+    m = S.RateMeter(turns=4)
+    for _ in range(3):
+        m.turn(250, 1.0)
+        m.turn(24, 3.0)
+    assert m.rates().growth_tok_s == pytest.approx(274 / 4.0)
+
+
+def test_a_preparation_without_a_model_summary_is_predicted_by_its_prefill_alone():
+    r = S.Rates(growth_tok_s=100.0, summary_tok_s=None, prefill_tok_s=50.0)
+    assert S.predicted_prep_s(r, 0, 500) == 10.0
+    assert S.predicted_prep_s(r, 64, 500) is None   # the writing pace is unknown

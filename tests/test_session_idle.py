@@ -77,3 +77,15 @@ def test_idle_on_a_closed_engine_raises_like_the_other_calls(tiny_model_path, tm
     eng.close()
     with pytest.raises(errors.EngineClosedError):
         s.idle(0.1)
+
+
+def test_the_pace_counts_added_messages_and_the_time_between_calls(tmp_path):
+    _, s = session(tmp_path)
+    meter = s._compactor.meter
+    s.add([call(0), {"role": "tool", "tool_call_id": "c0", "content": " ".join(f"x{k}" for k in range(60))}])
+    time.sleep(0.05)   # the caller's own time counts: the window edge comes in wall time
+    s.chat([], max_tokens=8)
+    (added, t_add), (replied, t_reply) = meter._paced[-2:]
+    assert added >= 60 and 0 < replied <= 40
+    assert t_reply >= 0.05
+    assert meter.rates().growth_tok_s == pytest.approx((added + replied) / (t_add + t_reply))

@@ -12,6 +12,7 @@ from ..policy import needs_restart, summary_message_budget
 from . import scheduler as sch
 from .port import engine_errors
 from .preparation import Preparation
+from .summaries import MIN_MODEL_TOKENS
 
 # rows per step for a preparation whose deadline is near (the engine's default is 8 next to the
 # conversation's decoding, 64 when it is idle): each row slows that step's decode (~3 ms a row here)
@@ -65,6 +66,13 @@ class BackgroundPreparation:
         if not r.summary_write_tok_s:
             return None   # the writing pace is unknown yet: try
         return int(seconds * r.summary_write_tok_s * PACE_MARGIN)
+
+    def _next_writes(self) -> int:
+        """Summary tokens the model would be asked for if a preparation started now (0: none, no time)."""
+        a = self._affordable() if self.skips < RETRY_AFTER_SKIPS else None
+        if a is None:
+            return self.lim.summary
+        return min(self.lim.summary, a) if a >= MIN_MODEL_TOKENS else 0
 
     def cancel(self, reason: Optional[str]) -> None:
         p, self.prep = self.prep, None

@@ -90,6 +90,12 @@ class CallLoop:
             self._busy = False
             self._compactor.call_tidx = None
 
+    def _metered(self, tokens: int) -> None:
+        """The conversation grew by ``tokens`` since the previous call ended (the schedule's pace)."""
+        now = time.perf_counter()
+        self._compactor.meter.turn(tokens, now - self._turn_end)
+        self._turn_end = now
+
     def _run_call(self, messages, max_tokens, tools, sampling, streaming):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -101,7 +107,7 @@ class CallLoop:
         first = self._compactor.call_tidx = len(self._ledger.transcript)  # its messages stay raw until answered
         ctx = self._ctx
         ctx.prefilled = 0
-        t0, completion_tokens = time.perf_counter(), 0
+        completion_tokens = 0
         if new_tools != self._cur_tools:  # the tool header changed: re-render
             self._ledger.journal.tools(new_tools)
             self._cur_tools = ctx.tools = new_tools
@@ -129,7 +135,7 @@ class CallLoop:
             if loops < 3:  # another reply follows (a stream's reader starts a new one here)
                 self._emit(ev.ReplyFollows([c["function"]["name"] for c in own]))
                 yield from self._drain()
-        self._compactor.meter.turn(ctx.prefilled + completion_tokens, time.perf_counter() - t0)
+        self._metered(ctx.prefilled + completion_tokens)
         self._n_calls += 1  # answered calls only: each left an assistant message (load resumes the count)
         self.last_response = completion(f"chatcmpl-{self.session_id}-{self._n_calls}",
                                         getattr(self.engine, "model_name", "local"), msg.get("content"), others,

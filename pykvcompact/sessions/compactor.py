@@ -72,7 +72,7 @@ class Compactor(BackgroundPreparation):
         # the pool is asked only above hard (an engine query waits for the engine's next step)
         headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
         return sch.State(tokens=n, tokens_after=after, prep=p.state if p else "none",
-                         summary_left=p.summary_left() if p else self.lim.summary,
+                         summary_left=p.summary_left() if p else self._next_writes(),
                          prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
                          waited_ms=waited_ms, headroom_ok=headroom)
 

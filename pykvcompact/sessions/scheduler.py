@@ -39,7 +39,7 @@ class State:
     tokens: int                 # live tokens now
     tokens_after: int           # live tokens once the next step (append or chunk) is done
     prep: str = "none"          # one of PREP_STATES
-    summary_left: int = 0       # summary tokens still to write (estimate)
+    summary_left: int = 0       # summary tokens still to write (estimate; before a preparation: to be written)
     prefill_left: int = 0       # prompt + shadow rows still to prefill (estimate)
     waited_ms: float = 0.0      # time already waited at the window edge
     headroom_ok: bool = True    # the pool can hold the shadow if the session runs above hard
@@ -52,12 +52,13 @@ class Action:
 
 
 def predicted_prep_s(rates: Rates, summary_left: int, prefill_left: int) -> Optional[float]:
-    """Seconds until a preparation is caught up, or None when a rate is still unknown."""
-    if rates.summary_tok_s is None or rates.prefill_tok_s is None:
+    """Seconds until a preparation is caught up, or None when a rate is still unknown.  ``summary_left``
+    0: no model summary to write (the deterministic one serves: only the prefill counts)."""
+    if (summary_left > 0 and rates.summary_tok_s is None) or rates.prefill_tok_s is None:
         return None
-    if rates.summary_tok_s <= 0 or rates.prefill_tok_s <= 0:
+    if (summary_left > 0 and rates.summary_tok_s <= 0) or rates.prefill_tok_s <= 0:
         return float("inf")
-    return summary_left / rates.summary_tok_s + prefill_left / rates.prefill_tok_s
+    return (summary_left / rates.summary_tok_s if summary_left > 0 else 0.0) + prefill_left / rates.prefill_tok_s
 
 
 def time_to_hard_s(lim: Limits, tokens: int, rates: Rates) -> Optional[float]:
@@ -79,7 +80,7 @@ def start_reason(p: Policy, lim: Limits, st: State, rates: Rates) -> str:
         return ""
     if rates.turn_tokens and st.tokens + 2 * rates.turn_tokens >= lim.hard:
         return "next_turns"
-    need = predicted_prep_s(rates, lim.summary, st.prefill_left)
+    need = predicted_prep_s(rates, st.summary_left, st.prefill_left)
     left = time_to_hard_s(lim, st.tokens, rates)
     if need is not None and left is not None and left <= need:
         return "schedule"
@@ -122,6 +123,7 @@ class RateMeter:
         self._growth: Optional[float] = None
         self._summary: Optional[float] = None
         self._prefill: Optional[float] = None
+        self._paced: list = []                    # (tokens, seconds) of the recent steps
         self._prompt_s: Optional[float] = None
         self._write: Optional[float] = None
         self._recent = []
@@ -130,12 +132,17 @@ class RateMeter:
         return new if old is None else self.alpha * new + (1 - self.alpha) * old
 
     def turn(self, tokens: int, seconds: float):
-        """A step of the conversation added ``tokens`` live tokens in ``seconds``."""
+        """A step of the conversation added ``tokens`` live tokens in ``seconds`` (wall time since the previous
+        step: a caller's own time between calls counts, as it does for the window edge)."""
         if tokens <= 0:
             return
         self._recent = (self._recent + [tokens])[-max(self.turns, self.peak_turns):]
         if seconds > 0:
-            self._growth = self._mix(self._growth, tokens / seconds)
+            # tokens over time across the recent steps, not a mean of per-step rates: an agent that adds a
+            # tool result (many tokens, quickly) then asks for a reply (few tokens, slowly) grows at the pace
+            # of the two together
+            self._paced = (self._paced + [(tokens, seconds)])[-self.turns:]
+            self._growth = sum(t for t, _ in self._paced) / sum(x for _, x in self._paced)
 
     def summary(self, tokens: int, seconds: float):
         if tokens > 0 and seconds > 0:
