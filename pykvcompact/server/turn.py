@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Iterator, List, Optional, Union
 
+from ..sessions.turn import CHUNK_DONE
 from .conversation import Conversation
 from .errors import APIError, bad_request, from_exception
 from .messages import is_prefix, keys_of, to_session_message
@@ -138,7 +139,7 @@ class Turn:
             it = self._plain_items(new)
             try:
                 for item in it:
-                    if not isinstance(item, str):
+                    if not isinstance(item, str) and item is not CHUNK_DONE:
                         self.events.append(item)
                     if cancelled is not None and cancelled():
                         return None
@@ -156,9 +157,9 @@ class Turn:
     def _plain_items(self, new: List[dict]):
         """The session's items for a plain reply, generated as ``Session.chat`` does (whole chunks, not token
         by token: streamed generation under concurrency does not reproduce the solo tokens on the float
-        model) but as a generator, so that the reply can be stopped at the session's next event (its
-        generator yields nothing between plain chunks). ``Session`` has no public form of this (``chat``
-        runs to the end), hence its ``_run``; without it, ``chat`` (not stoppable)."""
+        model) but as a generator, so that the reply can be stopped after any chunk (it yields
+        ``CHUNK_DONE`` there) or event. ``Session`` has no public form of this (``chat`` runs to the end),
+        hence its ``_run``; without it, ``chat`` (not stoppable)."""
         s = self.conv.session
         kw = self._kwargs()
         run = getattr(s, "_run", None)

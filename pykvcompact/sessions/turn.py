@@ -2,12 +2,25 @@
 text deltas with incomplete UTF-8 held back, stop strings honoured, tool calls parsed when it closes.
 
 If the caller closes the stream early or the engine fails mid-reply, what was generated stays: the reply
-is closed and recorded (even when appending its end-of-turn tokens fails, it is in the transcript)."""
+is closed and recorded (even when appending its end-of-turn tokens fails, it is in the transcript).
+
+A plain (not streamed) reply yields ``CHUNK_DONE`` after each chunk: the one point between events where
+its caller (the server, when the client goes away) may stop it; ``Session.chat`` ignores it."""
 from __future__ import annotations
 
 from typing import List, Optional
 
 from ..tool_calls import parse_tool_calls
+
+
+class _ChunkDone:
+    """A plain reply's chunk was generated (no text is yielded for it: the reply is read when it closes)."""
+
+    def __repr__(self) -> str:
+        return "CHUNK_DONE"
+
+
+CHUNK_DONE = _ChunkDone()
 
 
 class Turn:
@@ -62,6 +75,8 @@ class Turn:
                     got = list(ctx.seq.generate(n, stop=self.stop, **self.sampling))
                 ctx.reply_tokens(got)
                 self._got = []
+                if not self.streaming:
+                    yield CHUNK_DONE
                 s._prober.generated(len(got))
                 if len(got) < n or (self.stop and any(x in ctx.reply_text() for x in self.stop)):
                     self.finish = "stop"
@@ -131,4 +146,4 @@ class Turn:
         return msg
 
 
-__all__ = ["Turn"]
+__all__ = ["Turn", "CHUNK_DONE"]
