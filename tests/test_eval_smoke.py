@@ -18,6 +18,8 @@ def test_wilson_interval_known_values():
     assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
     assert wilson(0, 4)[0] == 0.0 and wilson(4, 4)[1] == pytest.approx(1.0)
     assert wilson(0, 0) == (0.0, 1.0)
+    for n in range(1, 12):  # exact ends: the formula leaves rounding dust (0/3 gave 5.6e-17, which broke a plot)
+        assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
 
 
 def test_auc_is_mann_whitney():

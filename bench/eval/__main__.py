@@ -92,10 +92,7 @@ def _write(args, settings, out: str, results: list, duration_s: float) -> list:
     if not args.no_plots and results:
         from . import plots
 
-        files.append(plots.accuracy_vs_tokens(table, out + "-accuracy.png", f"{args.model}: accuracy vs cost"))
-        shown = next((r for r in results if r["compactions"] and r["policy"] != "peer"), results[0])
-        files.append(plots.fill_over_time(shown, out + "-fill.png",
-                                          f"{shown['family']} seed {shown['seed']}, {shown['policy']}"))
+        files += plots.write_both(table, results, out, args.model)
     return files
 
 

@@ -18,7 +18,8 @@ def wilson(k: int, n: int, z: float = Z95) -> Tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+    # exact ends when every trial failed or succeeded (the formula leaves rounding dust, e.g. 5.6e-17)
+    return (0.0 if k == 0 else max(0.0, mid - half)), (1.0 if k == n else min(1.0, mid + half))
 
 
 def auc(positives: Iterable[float], negatives: Iterable[float]) -> Optional[float]:

@@ -20,7 +20,8 @@ def accuracy_vs_tokens(metrics: Dict[str, Dict[str, dict]], path: str, title: st
         if not m or m["accuracy"] is None:
             continue
         x = m["tokens_per_episode"]
-        ax.errorbar([x], [m["accuracy"]], yerr=[[m["accuracy"] - m["ci95"][0]], [m["ci95"][1] - m["accuracy"]]],
+        lo, hi = max(0.0, m["accuracy"] - m["ci95"][0]), max(0.0, m["ci95"][1] - m["accuracy"])
+        ax.errorbar([x], [m["accuracy"]], yerr=[[lo], [hi]],
                     fmt="o", capsize=3)
         ax.annotate(pol, (x, m["accuracy"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
     ax.set_xlabel("tokens evaluated per episode (prefill + decode + probe + background)")
@@ -56,3 +57,21 @@ def fill_over_time(episode: dict, path: str, title: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_both(metrics: Dict[str, Dict[str, dict]], episodes: List[dict], prefix: str, model: str) -> List[str]:
+    """Both plots of a run (the fill of its first compacting episode of ours); a plot that fails is
+    reported and skipped: the JSON and tables are written before, and an hours-long run is never lost
+    to a figure."""
+    import sys
+
+    shown = next((r for r in episodes if r["compactions"] and r["policy"] != "peer"), episodes[0])
+    jobs = [(accuracy_vs_tokens, (metrics, prefix + "-accuracy.png", f"{model}: accuracy vs cost")),
+            (fill_over_time, (shown, prefix + "-fill.png", f"{shown['family']} seed {shown['seed']}, {shown['policy']}"))]
+    files = []
+    for plot, args in jobs:
+        try:
+            files.append(plot(*args))
+        except Exception as exc:  # noqa: BLE001 - a plot is never worth the run
+            print(f"warning: {args[1]} not written ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return files

@@ -1,0 +1,74 @@
+"""bench.eval.merge: runs made separately pool into the report one run would have made."""
+import copy
+import json
+import pathlib
+
+import pytest
+
+from bench.eval import metrics
+from bench.eval.merge import main, merge
+
+RUN = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "eval-qwen-ledger.json"
+
+
+def _split(run: dict, policies) -> dict:
+    part = copy.deepcopy(run)
+    part["episodes"] = [e for e in part["episodes"] if e["policy"] in policies]
+    part["meta"]["policies"] = [p for p in part["meta"]["policies"] if p in policies]
+    part["meta"]["duration_s"] = 10.0
+    return part
+
+
+def test_two_halves_of_a_run_merge_into_its_metrics():
+    run = json.loads(RUN.read_text())
+    policies = run["meta"]["policies"]
+    a, b = _split(run, policies[:2]), _split(run, policies[2:])
+    merged = merge([a, b])
+    assert merged["metrics"] == metrics.table(run["episodes"])  # as one run of all of them
+    assert set(merged["metrics"]) == set(policies)
+    assert merged["meta"]["policies"] == policies
+    assert merged["meta"]["duration_s"] == 20.0
+    assert len(merged["episodes"]) == len(run["episodes"])
+
+
+def test_a_setting_that_differs_is_refused_by_name():
+    run = json.loads(RUN.read_text())
+    other = _split(run, run["meta"]["policies"][2:])
+    other["meta"]["settings"]["window"] = 2048
+    with pytest.raises(ValueError, match="window"):
+        merge([_split(run, run["meta"]["policies"][:2]), other])
+
+
+def test_an_episode_in_two_runs_is_refused():
+    run = json.loads(RUN.read_text())
+    with pytest.raises(ValueError, match="in two runs"):
+        merge([run, run])
+
+
+def test_the_cli_writes_the_report_and_refuses_a_missing_file(tmp_path, capsys):
+    run = json.loads(RUN.read_text())
+    policies = run["meta"]["policies"]
+    paths = []
+    for i, part in enumerate((_split(run, policies[:1]), _split(run, policies[1:]))):
+        paths.append(tmp_path / f"part{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    assert main([str(tmp_path / "all"), *map(str, paths), "--no-plots"]) == 0
+    md = (tmp_path / "all.md").read_text()
+    assert all(p in md for p in policies)
+    with pytest.raises(SystemExit, match="cannot read"):
+        main([str(tmp_path / "x"), str(tmp_path / "missing.json"), "--no-plots"])
+
+
+def test_plots_of_a_run_with_no_correct_answer_and_a_failing_plot(tmp_path, capsys):
+    """0/3 correct once crashed the accuracy plot (a negative error bar) and with it the whole run."""
+    pytest.importorskip("matplotlib")
+    from bench.eval import plots
+
+    run = json.loads(RUN.read_text())
+    eps = [dict(e, answers=[dict(a, correct=False) for a in e["answers"][:3]]) for e in run["episodes"]]
+    files = plots.write_both(metrics.table(eps), eps, str(tmp_path / "r"), "m")
+    assert [pathlib.Path(f).name for f in files] == ["r-accuracy.png", "r-fill.png"]
+    broken = [dict(e, timeline=None) for e in eps]  # the fill plot fails; the other is still written
+    files = plots.write_both(metrics.table(eps), broken, str(tmp_path / "b"), "m")
+    assert [pathlib.Path(f).name for f in files] == ["b-accuracy.png"]
+    assert "b-fill.png not written" in capsys.readouterr().err
