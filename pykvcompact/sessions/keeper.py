@@ -185,19 +185,21 @@ def trim_lines(text: str, budget: int, count: Callable[[str], int]) -> str:
 def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
             standing: Sequence[str] = (), results: str = "") -> str:
     """The summary message's content: the kept messages, the standing instructions (an earlier summary's
-    and this one's, merged), the key results (``results``: their section, results.py), the carried text,
-    the new summary text (without its standing instructions)."""
+    and this one's, merged), the carried text, the new summary text (without its standing instructions),
+    and last the key results (``results``: their section, results.py).  The results come last because
+    the model's own summary can contradict them (measured: a summary listed distractors as "verified
+    facts" above the copied registry lines, and the model answered from the nearer, wrong list)."""
     parts = [header]
     if kept:
         parts.append(USERS_HEADING + "\n" + "\n".join(
             (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept))
     parts.append(STANDING_HEADING + ("\n" + "\n".join(standing) if standing else " none"))
-    if results:
-        parts.append(results)
     if carried.strip():
         parts.append(CARRIED_HEADING + "\n" + carried.strip())
     if text.strip():
         parts.append(text.strip())
+    if results:
+        parts.append(results)
     return "\n\n".join(parts)
 
 

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-RESULTS_HEADING = "Key results, copied verbatim from the history:"
+RESULTS_HEADING = "Key results, copied verbatim from the history (where the summary above differs, these are right):"
 SESSION_TOOLS = ("search_history", "compact_conversation")
 SHORT_LINES = 2          # a tool output of at most this many non-empty lines ...
 SHORT_CHARS = 480        # ... and characters is a result, not data
