@@ -72,3 +72,43 @@ def test_plots_of_a_run_with_no_correct_answer_and_a_failing_plot(tmp_path, caps
     files = plots.write_both(metrics.table(eps), broken, str(tmp_path / "b"), "m")
     assert [pathlib.Path(f).name for f in files] == ["b-accuracy.png"]
     assert "b-fill.png not written" in capsys.readouterr().err
+
+
+def test_a_merged_report_merges_again_and_counts_its_episodes(tmp_path):
+    run = json.loads(RUN.read_text())
+    policies = run["meta"]["policies"]
+    once = merge([_split(run, policies[:2]), _split(run, policies[2:])])
+    later = copy.deepcopy(run)
+    for e in later["episodes"]:
+        e["seed"] += 1
+    twice = merge([once, later])
+    assert twice["meta"]["threads"] == [2] and twice["meta"]["episodes_per_family"] == 2
+    assert twice["meta"]["seed"] == 1000
+    assert twice["metrics"] == metrics.table(run["episodes"] + later["episodes"])
+
+
+def test_a_run_from_before_a_setting_existed_merges_with_its_default():
+    run = json.loads(RUN.read_text())
+    run["meta"]["settings"]["tool_latency"] = 0.0
+    old = copy.deepcopy(run)
+    del old["meta"]["settings"]["tool_latency"]  # written before --tool-latency: it ran with 0
+    for e in old["episodes"]:
+        e["seed"] += 1
+    assert len(merge([run, old])["episodes"]) == 2 * len(run["episodes"])
+    old["meta"]["quick"] = True
+    with pytest.raises(ValueError, match="quick"):
+        merge([run, old])
+
+
+@pytest.mark.parametrize("bad, says", [
+    ([], "not an eval JSON"), (None, "not an eval JSON"),
+    ({"meta": {"model": "m"}, "episodes": []}, "meta lacks"),
+    ({"meta": {"model": "m", "date": "d", "families": [], "policies": [], "duration_s": 1, "settings": None},
+      "episodes": []}, "settings"),
+])
+def test_what_is_not_an_eval_run_is_named(bad, says, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match=says) as e:
+        main([str(tmp_path / "sub" / "out"), str(path), "--no-plots"])
+    assert "bad.json" in str(e.value)

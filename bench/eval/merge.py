@@ -9,48 +9,84 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections import Counter
 from typing import List
 
 from . import metrics, report
 
-# settings that change what an episode measures; threads and tool latency are reported, not compared
-COMPARED = ("window", "ratio", "reply_tokens", "answer_tokens", "summary_max_tokens", "probe_every",
-            "compact_tool", "rubric", "tool_latency")
+# settings that change what an episode measures (threads are reported, not compared); a run written
+# before a setting existed ran with its default
+COMPARED = {"window": None, "ratio": None, "reply_tokens": None, "answer_tokens": None,
+            "summary_max_tokens": None, "probe_every": None, "compact_tool": None, "rubric": None,
+            "tool_latency": 0.0}
+REQUIRED_META = ("model", "date", "families", "policies", "duration_s", "settings")
+REQUIRED_EPISODE = ("family", "seed", "policy")
 
 
-def merge(runs: List[dict]) -> dict:
-    """The pooled {"meta", "metrics", "episodes"} of ``runs`` (each a loaded eval JSON)."""
+def check(run, name: str) -> None:
+    """``run`` has the shape of an eval JSON, else a ValueError naming the file and what is missing."""
+    if not isinstance(run, dict) or not isinstance(run.get("meta"), dict) or not isinstance(run.get("episodes"), list):
+        raise ValueError(f"{name}: not an eval JSON (an object with 'meta' and 'episodes')")
+    meta = run["meta"]
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing or not isinstance(meta["settings"], dict):
+        raise ValueError(f"{name}: meta lacks {', '.join(missing) or 'a settings object'}")
+    for i, ep in enumerate(run["episodes"]):
+        if not isinstance(ep, dict) or any(k not in ep for k in REQUIRED_EPISODE):
+            raise ValueError(f"{name}: episode {i} lacks one of {', '.join(REQUIRED_EPISODE)}")
+
+
+def merge(runs: List[dict], names: List[str] = ()) -> dict:
+    """The pooled {"meta", "metrics", "episodes"} of ``runs`` (each a loaded eval JSON; ``names`` for
+    the messages, default run1, run2, ...)."""
     if not runs:
         raise ValueError("nothing to merge: give at least one eval JSON")
+    names = list(names) or [f"run{i + 1}" for i in range(len(runs))]
+    for run, name in zip(runs, names):
+        check(run, name)
     first = runs[0]["meta"]
     seen = set()
     episodes: List[dict] = []
-    for run in runs:
+    for run, name in zip(runs, names):
         meta = run["meta"]
         if meta["model"] != first["model"]:
-            raise ValueError(f"runs of different models: {first['model']!r} and {meta['model']!r}")
-        for key in COMPARED:
-            a, b = first["settings"].get(key), meta["settings"].get(key)
+            raise ValueError(f"runs of different models: {first['model']!r} in {names[0]} and {meta['model']!r} in {name}")
+        if bool(meta.get("quick")) != bool(first.get("quick")):
+            raise ValueError(f"a --quick run and a full one ({names[0]}, {name}): their episodes differ in shape")
+        for key, default in COMPARED.items():
+            a, b = first["settings"].get(key, default), meta["settings"].get(key, default)
             if a != b:
-                raise ValueError(f"runs with different settings: {key} is {a!r} in one and {b!r} in another")
+                raise ValueError(f"runs with different settings: {key} is {a!r} in {names[0]} and {b!r} in {name}")
         for ep in run["episodes"]:
             key = (ep["family"], ep["seed"], ep["policy"])
             if key in seen:
-                raise ValueError(f"episode {key} is in two runs: merge each episode once")
+                raise ValueError(f"episode {key} is in two runs (again in {name}): merge each episode once")
             seen.add(key)
             episodes.append(ep)
-    families = _union(r["meta"]["families"] for r in runs)
-    policies = _union(r["meta"]["policies"] for r in runs)
-    meta = dict(first, families=families, policies=policies,
+    per_cell = Counter((e["family"], e["policy"]) for e in episodes)
+    meta = dict(first, families=_union(r["meta"]["families"] for r in runs),
+                policies=_union(r["meta"]["policies"] for r in runs),
+                episodes_per_family=max(per_cell.values(), default=0),
+                seed=min((e["seed"] for e in episodes), default=first.get("seed")),
                 date=max(r["meta"]["date"] for r in runs),
                 duration_s=sum(r["meta"]["duration_s"] for r in runs),
-                threads=sorted({r["meta"]["threads"] for r in runs}),
-                skipped={k: v for r in runs for k, v in r["meta"].get("skipped", {}).items()},
-                merged_from=[dict(date=r["meta"]["date"], families=r["meta"]["families"],
+                threads=sorted({t for r in runs for t in _as_list(r["meta"].get("threads"))}),
+                skipped={k: v for r in runs for k, v in (r["meta"].get("skipped") or {}).items()},
+                merged_from=[dict(file=name, date=r["meta"]["date"], families=r["meta"]["families"],
                                   policies=r["meta"]["policies"], duration_s=r["meta"]["duration_s"])
-                             for r in runs])
-    return {"meta": meta, "metrics": metrics.table(episodes), "episodes": episodes}
+                             for r, name in zip(runs, names)])
+    try:
+        table = metrics.table(episodes)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"an episode lacks a field the metrics need ({exc!r}): was it written by an older bench.eval?")
+    return {"meta": meta, "metrics": table, "episodes": episodes}
+
+
+def _as_list(x) -> list:
+    """A run's threads: a number, or a merged run's list of them."""
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def _union(lists) -> list:
@@ -74,9 +110,10 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as exc:
             raise SystemExit(f"cannot read eval JSON {path}: {exc}")
     try:
-        merged = merge(runs)
-    except (ValueError, KeyError) as exc:
+        merged = merge(runs, args.runs)
+    except ValueError as exc:
         raise SystemExit(f"cannot merge: {exc}")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     meta, table, episodes = merged["meta"], merged["metrics"], merged["episodes"]
     policies = [p for p in meta["policies"] if p in table]
     files = report.write(args.out, meta, episodes, table, meta["families"], policies)

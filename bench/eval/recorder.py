@@ -76,7 +76,7 @@ class Recorder:
             carried = [f.text for f in required if carries(text, f.text)]
             self.summaries.append({"required": [f.text for f in required], "carried": carried,
                                    "recall": (len(carried) / len(required)) if required else None,
-                                   "chars": len(text), "text": text[:4000]})
+                                   "chars": len(text), "text": text})  # whole: the key results come last
         self._seen_summaries = len(summaries)
 
     def result(self) -> dict:
