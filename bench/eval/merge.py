@@ -90,10 +90,8 @@ def _as_list(x) -> list:
 
 
 def _union(lists) -> list:
-    out: list = []
-    for xs in lists:
-        out += [x for x in xs if x not in out]
-    return out
+    """Every item once, in the order first seen."""
+    return list(dict.fromkeys(x for xs in lists for x in xs))
 
 
 def main(argv=None) -> int:
