@@ -184,7 +184,9 @@ class CompactionSkipped(Event):
 class KeptOverBudget(Event):
     """Messages that are always kept verbatim (the first user message, pinned ones) did not fit their
     budget: ``reason`` ``"over_budget"`` (they are handed to the summarizer, whose prompt lists them) or
-    ``"no_room"`` (a smaller summary message was needed for the swap to fit; they stay in the history)."""
+    ``"no_room"`` (a smaller summary message was needed for the swap to fit; they stay in the history) or
+    ``"no_gain"`` (the window was full and a summary keeping them freed nothing: this one summary hands them
+    to the summarizer, and the next keeps them again)."""
     messages: List[int]            # transcript indices
     tokens: int
     budget: int

@@ -154,7 +154,10 @@ class SequenceModel(RuleBasedStateMachine):
         if not self.room(len(replacement) + n):
             return
         rb = e["seq"].prepare_rebase(kp, replacement, kf)
-        e["rebase"] = {"rb": rb, "keep_prefix": kp, "keep_from": kf, "replacement": list(replacement), "valid": True}
+        # the shadow shares the prefix cells the sequence has now (a later re-decode of the prefix's last
+        # token, after a truncation, puts that token in a new cell of the sequence, not of the shadow)
+        e["rebase"] = {"rb": rb, "keep_prefix": kp, "keep_from": kf, "replacement": list(replacement), "valid": True,
+                       "prefix_cells": e["cells"][:kp]}
 
     @precondition(lambda self: any(e["rebase"] is not None for e in self.live))
     @rule(i=st.integers(0, 100))
@@ -170,7 +173,7 @@ class SequenceModel(RuleBasedStateMachine):
         info = e["seq"].commit_rebase(rb["rb"])
         kp, kf = rb["keep_prefix"], rb["keep_from"]
         expect = e["tokens"][:kp] + rb["replacement"] + e["tokens"][kf:]
-        e["cells"] = e["cells"][:kp] + self.new_cells(len(expect) - kp)
+        e["cells"] = rb["prefix_cells"] + self.new_cells(len(expect) - kp)
         e["tokens"] = expect
         # The prepared sequence has next-token logits only if the commit waited for a catch-up
         # (a shadow asks for logits only then); otherwise they are recomputed on demand.

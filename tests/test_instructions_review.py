@@ -240,3 +240,45 @@ def test_huge_keep_user_tokens_is_clamped(tmp_path):
     s2 = pk.Session(FakeEngine(n_ctx=8192), history_dir=tmp_path, session_id="hk2",
                     policy=pk.Policy(mode="hard", keep_user_tokens=10 ** 6, compact_tool=False, history_tool=False))
     assert s2.window > 1000
+
+
+def test_a_message_pinned_after_it_was_kept_stays_pinned(tmp_path):
+    # review, 2026-12-03: a user message kept verbatim by a first compaction (as a plain user message) and
+    # pinned afterwards lost its pin in the next summaries: it competed for the user budget, newer user
+    # messages won, and it was handed to the summarizer without a kept_over_budget event
+    eng, s = mk(tmp_path, window=1000, keep_user_tokens=200)
+    s.chat("Task: tidy the repo.", max_tokens=8)
+    s.chat("Note: the code word is ZEBRA-5.", max_tokens=8)
+    note = len(s.transcript) - 2
+    i = 0
+    while nreb(s) < 1:
+        tool_turn(s, i); i += 1
+    assert "ZEBRA-5" in s.render()     # kept verbatim, not pinned
+    s.pin(note)
+    s.pin(len(s.transcript) - 2)        # and a long tool output: the pins take the user budget
+    pinned_at = nreb(s)
+    for k in range(30):                 # newer user messages fill the user budget
+        s.chat(f"Also remember item {k}: " + "y " * 40, max_tokens=8)
+        tool_turn(s, i); i += 1
+        assert "ZEBRA-5" in s.render(), k
+    assert nreb(s) >= pinned_at + 3
+    s.close()
+
+
+def test_a_tight_summary_says_which_pins_it_summarized(tmp_path):
+    # review, 2026-12-03: when the messages kept verbatim left a needed summary no gain, the retry that
+    # summarizes them too handed the pinned task to the summarizer with no event; they come back next time
+    eng, s = mk(tmp_path, window=500, keep_user_tokens=200, sid="tight")
+    s.chat("Task: go. " + "t " * 28, max_tokens=8)
+    s.pin(1)
+    tool_turn(s, 0, 180)
+    n = len(s.events)
+    tool_turn(s, 1, 142)
+    rebased = [e for e in s.events[n:] if e.name == "rebased"]
+    assert rebased and rebased[-1].kept_tokens == 0   # the tight retry ran (nothing kept verbatim) ...
+    assert any(e.name == "kept_over_budget" and e.reason == "no_gain" and 1 in e.messages for e in s.events[n:])
+    for k in range(6):
+        s.chat(f"q{k}", max_tokens=8)
+        tool_turn(s, 2 + k, 30)
+    assert "Task: go." in s.render()
+    s.close()

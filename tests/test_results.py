@@ -65,6 +65,28 @@ def test_assistant_statements_are_kept_unless_they_restate_a_tool_result():
                             "- (assistant) So the final answer is R1 + R2 = 14822."]
 
 
+def test_an_unfinished_line_is_not_a_result():
+    # measured on Qwen2.5-Coder-1.5B (ledger, window 2048): replies cut at their token limit ("... Settled
+    # total:") filled 6 of the 10 listed results and pushed settled totals out of the summary
+    msgs = [{"role": "assistant", "content": "Account ACC-5485 reconciled: 6 transactions. Settled total:"},
+            call(0, "settle", account="ACC-5485"), out(0, "Totals for ACC-5485:\nSettled total: -2852.86")]
+    # (the tool's heading names the account: a label with its own value, kept for the line under it)
+    assert listed(msgs) == ["- settle: Totals for ACC-5485:", "- settle(account=ACC-5485): Settled total: -2852.86"]
+    # the same in markdown, with a full-width colon or an equals sign (review)
+    for cut in ("**Settled total:**", "Settled total\uff1a", "Settled total =", "`total:` ", "Settled total: ...",
+                "<b>Settled total:</b>", '"Settled total:"', "Settled total ->"):
+        assert listed([{"role": "assistant", "content": f"Final: ACC-5485 settled. {cut}"}]) == [
+            "- (assistant) Final: ACC-5485 settled."], cut
+    # only the dangling label is cut: a value before it stays, and so do values with colons in them (review)
+    assert listed([{"role": "assistant", "content": "Final total: 4410. Breakdown:"}]) == [
+        "- (assistant) Final total: 4410."]
+    assert listed([{"role": "assistant", "content": "Verified: the final total is 4410, details:"}]) == [
+        "- (assistant) Verified: the final total is 4410,"]
+    for whole in ("Final result: backup 2026-03-01 saved to drive D:", "Final total verified: 4410, token dGVzdA==",
+                  "Result: resolved db-01 to 2001:db8::"):
+        assert listed([{"role": "assistant", "content": whole}]) == [f"- (assistant) {whole}"], whole
+
+
 def test_a_one_line_listing_is_data_not_a_result():
     listing = " ".join(f"file_{k}.py" for k in range(60))
     assert listed([call(0, "ls"), out(0, listing)]) == []

@@ -124,3 +124,13 @@ def test_an_edited_log_is_refused_not_half_loaded(tmp_path):
         pk.Session.load(eng, bad)
     assert eng.used_cells() == used
     s.close()
+
+
+def test_a_path_the_file_system_cannot_name_is_a_clear_error(tmp_path):
+    # hypothesis (tests/test_fuzz_session.py) found save() raising UnicodeEncodeError from deep inside
+    _, s = make("hard", window=600, tmp_path=tmp_path)
+    s.add(user_msg("hello there"))
+    with pytest.raises(ValueError, match="cannot be encoded"):
+        s.save(tmp_path / "\ud800")
+    s.save(tmp_path / "ok.snap")   # the session is untouched and saves as usual
+    s.close()

@@ -33,6 +33,11 @@ MAGIC = b"PKVSESS1"
 def save_session(s, path) -> None:
     """Write the snapshot atomically (temp file, fsync, rename): a crash leaves the old one or the new."""
     s._check_open()
+    try:
+        os.fsencode(os.fspath(path))
+    except UnicodeEncodeError:   # (a lone surrogate: the file system cannot name it)
+        raise ValueError(f"the snapshot path {path!r} cannot be encoded for the file system; "
+                         "use a path of valid characters") from None
     ctx = s._ctx
     if ctx.partial is not None:  # pragma: no cover - a call is running (guarded by _one_call)
         raise errors.SequenceBusyError("a reply is being generated; save after it")

@@ -14,6 +14,9 @@ What counts as a result (generic, no task knowledge):
 - a line with a value of a long tool output, or of the assistant's own reply, when it also reads as a
   conclusion (total, final, result, verified, answer, ...);
 - never a hedged line ("might be", "unverified", "maybe"): a summary must not turn a guess into a fact;
+- never a label without its value: a line's last clause that ends on a colon, " =", an arrow or an
+  ellipsis with no digit in it ("Settled total:", "**Total:**") is cut off, and a line left without a
+  value is not a result (a reply cut at its token limit, a heading over the lines that follow);
 - never the output of the session's own tools (``search_history`` echoes the history, the compaction
   tool's result is a notice).
 Pure functions.
@@ -60,6 +63,12 @@ _OPEN_RE = re.compile(r"\b(error|errors|exception|traceback|failed|failure|refus
                       r"progress|page \d+ of|loading|loaded|running|pending|in progress|next page|call again|"
                       r"continue|continuing|remaining|partial)\b|\d+%", re.IGNORECASE)
 _SPACE_RE = re.compile(r"\s+")
+# a label left waiting for its value at the end of a line: its last clause has no digit and ends on a colon
+# (ASCII or full-width), " =", an arrow, a dash or an ellipsis, before any emphasis, quote or closing tag.
+# Only that clause is cut ("Final total: 4410. Breakdown:" keeps its value; "2001:db8::" and "drive D:",
+# in a clause with a digit, are values)
+_DANGLING_RE = re.compile(r"(?:^|(?<=[.;,!?(]))[^.;,!?(\d]*(?:[:\uff1a\uff1d]|\s=|->|\s-|\.\.\.|\u2026)"
+                          r"[*_`\"'\s)\]]*(?:</\w+>)?[*_`\"'\s)\]]*$")
 
 
 @dataclass(frozen=True)
@@ -150,7 +159,7 @@ def _results_of(tidx: int, m: dict, calls: Dict[str, Tuple[str, dict]]) -> List[
     out = []
     shapes = Counter(_shape(x) for x in lines)
     for raw in (lines if short else lines[-LONG_TAIL:]):
-        flat = " ".join(raw.split())
+        flat = _DANGLING_RE.sub("", " ".join(raw.split())).rstrip()
         if not values_of(flat) or _HEDGE_RE.search(flat) or _CODE_RE.search(raw):
             continue
         if not short and shapes[_shape(raw)] >= 3:

@@ -77,7 +77,9 @@ class SummaryMaker:
         for e in self.ctx.entries[self.ctx.n_prefix:mark]:
             if e.summary:
                 meta = self.meta.get(id(e.msg), SummaryMeta())
-                cands.extend(meta.kept)
+                # a message kept here as a plain user message may have been pinned since: it is one now
+                cands.extend(dataclasses.replace(c, pinned=True) if self.ledger.is_pinned(c.tidx) else c
+                             for c in meta.kept)
                 old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
                 standing.extend(meta.standing + old)
                 results.extend(meta.results)
@@ -160,8 +162,9 @@ class SummaryMaker:
         kept, overflow, carried, standing = plan.kept, plan.overflow, plan.carried, plan.standing
         self.summarized_users.extend(c.tidx for c in overflow)
         musts = [c for c in overflow if c.pinned or c.first]
-        if musts and not self.tight:
-            self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), self.must_budget()))
+        if musts:   # (tight: the window is full and keeping them left no gain; they come back next time)
+            limit, why = (0, "no_gain") if self.tight else (self.must_budget(), "over_budget")
+            self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), limit, why))
         count = lambda t: len(ctx.tok(t))  # noqa: E731
         listed, omitted = budget_items([c.content for c in overflow], self.list_budget(), count)
         base = ctx.views()[:mark]
