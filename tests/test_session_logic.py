@@ -271,17 +271,17 @@ def test_summarizer_fault_then_retry_succeeds(tmp_path):
 
 
 def test_restart_rule_when_the_raw_tail_outgrows_the_budget(tmp_path):
-    # a summary that takes long (many engine polls) and a huge message right at `soft`: the mark lands
-    # before it, and the raw tail then outgrows the shadow's cell budget in the headroom above `hard`
+    # a summary that takes long (many engine polls) and a huge message right after it started: the mark
+    # lands before it, and the raw tail then outgrows the shadow's cell budget in the headroom above `hard`
     eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.05, soft=0.45, hard=0.9, early_start=0.0)
     eng.bg_polls = 10 ** 6
     i = 0
-    while len(s.tokens) < 300:
+    while "summary_started" not in names(s):
         s.add([{"role": "user", "content": user_msg(i)}])
         i += 1
     s.add([{"role": "user", "content": " ".join(f"r{k}" for k in range(150))}])  # ~300 tokens
     old = [e for e in s.events if e.name == "summary_started"][-1]
-    assert old.mark_tokens <= 360
+    assert old.mark_tokens <= len(s.tokens) - 300
     while "preparation_restarted" not in names(s) and len(s.tokens) < s.window - 60:
         s.add([{"role": "user", "content": user_msg(i)}])
         i += 1
@@ -423,7 +423,7 @@ def test_hypothesis_transcript_is_offloaded_plus_live_and_tail_never_splits_tool
 
 def test_background_uses_the_headroom_above_hard_while_the_summary_is_written(tmp_path):
     eng, s = make("background", tmp_path=tmp_path, max_stall_ms=50)
-    eng.bg_polls = 6  # a summary needs a few engine steps: not ready when `hard` is reached
+    eng.bg_polls = 8  # a summary needs a few engine steps: not always ready when `hard` is reached
     for i in range(40):
         s.chat(user_msg(i), max_tokens=24)
         assert len(s.tokens) <= s.window

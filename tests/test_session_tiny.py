@@ -50,3 +50,27 @@ def test_tiny_default_window_fits_and_too_large_is_refused(tiny_engine, tmp_path
         pk.Session(tiny_engine, history_dir=tmp_path, policy=pk.Policy(window=tiny_engine.n_ctx))
     s = pk.Session(tiny_engine, history_dir=tmp_path, policy=pk.Policy(window=1024))  # default summary size
     s.close()
+
+
+@pytest.mark.parametrize("mode", ["hard", "background"])
+def test_tiny_splice_rebase_keeps_the_tail_cells(mode, tiny_engine, tmp_path):
+    """``Policy(rebase="splice")``: every compaction shifts the raw tail's cells instead of prefilling it
+    again, the sequence stays what the live messages render to, and nothing is lost."""
+    if not tiny_engine.capabilities.get("can_shift"):
+        pytest.skip("the tiny model cannot shift")
+    s = pk.Session(tiny_engine, system="sys", history_dir=tmp_path,
+                   policy=pk.Policy(mode=mode, window=384, summary_max_tokens=24, probe_every=32, rebase="splice",
+                                    compact_tool=False, history_tool=False))
+    try:
+        for i in range(10):
+            s.chat(_turn_text(i), max_tokens=16)
+            assert len(s.tokens) <= s.window and tiny_engine.used_cells() <= tiny_engine.n_ctx
+        reb = [e for e in s.events if e.name == "rebased"]
+        assert len(reb) >= 2 and {e.mode for e in reb} == {"splice"}, [(e.mode, e.trigger) for e in reb]
+        full = [m for m in s.transcript if not m.get("summary")]
+        live = [m for m in s.messages if not m.get("summary")]
+        assert full == live[:1] + s.offloaded + live[1:]
+        r = s.chat("one more", max_tokens=8)   # the shifted cells decode on
+        assert r["usage"]["completion_tokens"] >= 1
+    finally:
+        s.close()

@@ -34,6 +34,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tool-latency", type=float, default=0.0, metavar="S",
                     help="seconds each scripted tool call takes (0: instant; the engine is idle meanwhile)")
+    ap.add_argument("--rebase", choices=("exact", "splice"), default="exact",
+                    help="Policy.rebase of the summarizing modes (splice: only where the model can shift)")
     ap.add_argument("--out", default=None, help="output prefix (default bench/results/eval-MODEL[-quick])")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--peer-timeout", type=float, default=6 * 3600)
@@ -60,7 +62,9 @@ def main(argv=None) -> int:
     if not (math.isfinite(args.tool_latency) and args.tool_latency >= 0):
         raise SystemExit(f"--tool-latency must be a finite number of seconds >= 0, got {args.tool_latency}")
     settings.tool_latency = args.tool_latency
-    out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{'-quick' if args.quick else ''}")
+    settings.rebase = args.rebase
+    tag = ("-quick" if args.quick else "") + ("-splice" if args.rebase == "splice" else "")
+    out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{tag}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
     t0 = time.time()
     written: list = []

@@ -20,7 +20,7 @@ from . import metrics, report
 # before a setting existed ran with its default
 COMPARED = {"window": None, "ratio": None, "reply_tokens": None, "answer_tokens": None,
             "summary_max_tokens": None, "probe_every": None, "compact_tool": None, "rubric": None,
-            "tool_latency": 0.0}
+            "tool_latency": 0.0, "rebase": "exact"}
 REQUIRED_META = ("model", "date", "families", "policies", "duration_s", "settings")
 REQUIRED_EPISODE = ("family", "seed", "policy")
 

@@ -31,6 +31,7 @@ class Settings:
     compact_tool: bool = True      # offer compact_conversation in every summarizing mode (always in ``tool``)
     rubric: str = "boundary"       # the probe's rubric ("family": each family's own, RUBRIC_OF_FAMILY)
     tool_latency: float = 0.0      # seconds each scripted tool call takes (the engine is idle meanwhile)
+    rebase: str = "exact"          # the summarizing modes' Policy.rebase ("splice": the tail's cells shifted)
 
     @classmethod
     def quick(cls) -> "Settings":
@@ -54,8 +55,11 @@ def make_policy(name: str, family: str, settings: Settings):
                   history_tool=search)
     if name == "full":
         return pk.Policy(mode="none", window=full_window(settings), compact_tool=False, **common)
-    if name in ("none", "fixed", "hard", "rubric", "background"):
+    if name == "none":
         return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool, **common)
+    if name in ("fixed", "hard", "rubric", "background"):
+        return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool,
+                         rebase=settings.rebase, **common)
     if name == "tool":
-        return pk.Policy(mode="tool", window=settings.window, compact_tool=True, **common)
+        return pk.Policy(mode="tool", window=settings.window, compact_tool=True, rebase=settings.rebase, **common)
     raise ValueError(f"unknown policy {name!r} (the peer runs in its own process)")

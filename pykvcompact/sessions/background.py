@@ -19,6 +19,7 @@ from .summaries import MIN_MODEL_TOKENS
 DEADLINE_ROWS = 16
 # preparations the schedule starts (not a /compact or a tool call, which wait for the model's summary)
 PACED = ("soft", "schedule", "next_turns", "restart", "compress", "hard")
+SCHEDULED = ("soft", "schedule", "next_turns", "restart")   # swapped in when ``hard`` comes
 PACE_MARGIN = 0.7   # plan on 70% of the measured pace: the conversation may speed up
 RETRY_AFTER_SKIPS = 3   # preparations without the model before it is asked again, uncapped
 IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while the engine works alone
@@ -27,6 +28,8 @@ IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while 
 class BackgroundPreparation:
     def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
               keep_recent: Optional[int] = None, floor: bool = True) -> bool:
+        if keep_recent is None and self.policy.mode == "background":
+            keep_recent = self._keep_at_start(reason)
         mark = self._mark(loose, keep_recent, floor)
         if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
             return False
@@ -46,6 +49,49 @@ class BackgroundPreparation:
                                 reason=reason)
         self.emit(ev.SummaryStarted(mark, ctx.mark_tok(mark), background=True, reason=reason))
         return True
+
+    def _keep_at_start(self, reason: str) -> Optional[int]:
+        """The raw tail a preparation's cut leaves now.  ``keep_recent`` is what the swap must leave raw, and
+        a preparation the schedule starts is swapped in at ``hard``: what arrives before counts toward it
+        (measured: a cut that left all of ``keep_recent`` at the start left 0.25-0.35 of the window raw
+        at the swap, the rebased context filled 0.70 and ``hard`` came back two steps later).  A COMPRESS
+        verdict says the last message closed the sub-task: the cut follows it.  None: ``keep_recent``."""
+        if reason == "compress":
+            return 0
+        if reason in SCHEDULED:
+            return max(0, self.lim.keep_recent - max(0, self.lim.hard - len(self.ctx)))
+        return None
+
+    def covers_unanswered(self, p: Preparation) -> bool:
+        """Does ``p``'s cut summarize a message no finished reply has followed yet (a tool result just in,
+        the question a reply is being written to)?  Such a preparation is not swapped in before that reply
+        unless the window's edge leaves no choice: the model answers what it has read in full."""
+        return p.mark_tok > len(self.ctx) - self._unanswered_tail()
+
+    def _unanswered_tail(self) -> int:
+        """Live tokens from the first message after the last finished assistant reply (0: none)."""
+        ents, first = self.ctx.entries, self.ctx.n_prefix
+        for i in range(len(ents) - 1, self.ctx.n_prefix - 1, -1):
+            if ents[i].summary or ents[i].msg.get("role") == "assistant":
+                first = i + 1
+                break
+        if first >= len(ents):
+            return 0
+        start = None
+        for e in ents[:first + 1]:
+            if e.start_tok is not None:
+                start = e.start_tok  # the last token boundary at or before that message
+        return len(self.ctx) - start if start is not None else 0
+
+    def recut_for(self, trigger: str) -> None:
+        """``/compact`` and the tool leave ``keep_recent`` raw: a pending preparation cut later than that
+        (for ``hard``, where more arrives first, or for a COMPRESS verdict) is cut again."""
+        p = self.prep
+        if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.mark_tok >= self.lim.keep_recent:
+            return
+        m = self._mark(True)
+        if m is not None and m < p.mark:
+            self.cancel("keep_recent")
 
     def _affordable(self) -> Optional[int]:
         """Summary tokens the model can write before the window edge at the paces measured in this session
@@ -102,7 +148,7 @@ class BackgroundPreparation:
         if self.prep is not None and self.prep.fallback is None:
             self._advance()  # a preparation started or restarted now: its fallback context starts at once
         p = self.prep
-        if p is not None and p.commit_trigger and p.state == "caught_up":
+        if p is not None and p.commit_trigger and p.state == "caught_up" and not self.covers_unanswered(p):
             self._commit(p.commit_trigger, None, edge=False)
 
     def _deadline_rows(self) -> int:
@@ -182,6 +228,7 @@ class BackgroundPreparation:
         waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
         if self.policy.mode != "background":
             return False
+        self.recut_for(trigger)
         if self.prep is None and not self.start(trigger, loose=True):
             return False
         self.prep.commit_trigger = trigger

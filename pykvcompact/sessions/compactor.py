@@ -71,7 +71,10 @@ class Compactor(BackgroundPreparation):
         shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
         # the pool is asked only above hard (an engine query waits for the engine's next step)
         headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
-        return sch.State(tokens=n, tokens_after=after, prep=p.state if p else "none",
+        state = p.state if p else "none"
+        if state == "caught_up" and self.covers_unanswered(p):
+            state = "ready"   # swapped in once the reply is written (the headroom above hard), or at the edge
+        return sch.State(tokens=n, tokens_after=after, prep=state,
                          summary_left=p.summary_left() if p else self._next_writes(),
                          prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
                          waited_ms=waited_ms, headroom_ok=headroom)
@@ -154,6 +157,9 @@ class Compactor(BackgroundPreparation):
         if p is not None and instructions and p.instructions != instructions:
             self.cancel("new_instructions")
             p = None
+        if p is not None:
+            self.recut_for(trigger)
+            p = self.prep
         if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
             self.cancel("window_full")
             p = None
