@@ -110,3 +110,14 @@ def test_compact_after_a_scheduled_start_still_keeps_keep_recent_raw(tmp_path):
     raw = sum(len(s.engine.tokenize(m["content"])) for m in _raw_after_summary(s))
     assert raw >= s.limits.keep_recent * 0.8, raw   # (message tokens only: the template adds a few more)
     check_invariants(s)
+
+
+def test_an_agent_that_only_adds_messages_still_swaps_at_hard(tmp_path):
+    # no reply is ever asked for: the guard waits only on tool results and replies being written
+    eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.2, probe_fn=lambda t: 0.0)
+    for i in range(60):
+        s.add([{"role": "user", "content": user_msg(i)}])
+        assert len(s.tokens) <= s.window
+    reb = [e for e in s.events if e.name == "rebased"]
+    assert len(reb) >= 3 and all(e.tokens_before < s.limits.hard + 60 for e in reb), [e.tokens_before for e in reb]
+    check_invariants(s)

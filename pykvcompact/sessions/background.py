@@ -75,7 +75,10 @@ class BackgroundPreparation:
             if ents[i].summary or ents[i].msg.get("role") == "assistant":
                 first = i + 1
                 break
-        if first >= len(ents):
+        # what an agent waits on: a tool result, or the messages a reply is being written to (an agent
+        # that only adds messages, never asking for a reply, would otherwise hold every swap to the edge)
+        if first >= len(ents) or (self.ctx.partial is None and
+                                  not any(e.msg.get("role") == "tool" for e in ents[first:])):
             return 0
         start = None
         for e in ents[:first + 1]:

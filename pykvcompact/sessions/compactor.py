@@ -157,7 +157,7 @@ class Compactor(BackgroundPreparation):
         if p is not None and instructions and p.instructions != instructions:
             self.cancel("new_instructions")
             p = None
-        if p is not None:
+        if p is not None and trigger == "manual":  # (the tool's re-cut is decided once, in defer)
             self.recut_for(trigger)
             p = self.prep
         if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
