@@ -10,13 +10,19 @@ def _started(s):
     return [e for e in s.events if e.name == "summary_started"]
 
 
-def test_a_preparation_started_well_below_hard_cuts_after_the_last_message(tmp_path):
-    eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.1, soft=0.5, hard=0.85,
-                  early_start=0.0, probe_fn=lambda t: 0.0)
+def _add_until_started(s) -> int:
+    """Add user messages until a preparation starts; the number added."""
     i = 0
     while not _started(s):
         s.add([{"role": "user", "content": user_msg(i)}])
         i += 1
+    return i
+
+
+def test_a_preparation_started_well_below_hard_cuts_after_the_last_message(tmp_path):
+    eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.1, soft=0.5, hard=0.85,
+                  early_start=0.0, probe_fn=lambda t: 0.0)
+    i = _add_until_started(s)
     st, n = _started(s)[0], len(s.tokens)
     assert st.reason in ("soft", "next_turns", "schedule")
     assert s.limits.hard - n >= s.limits.keep_recent   # what arrives before hard covers keep_recent...
@@ -34,10 +40,7 @@ def test_a_preparation_started_near_hard_keeps_what_is_missing_of_keep_recent(tm
     # soft just below hard: the start leaves raw what the tokens until hard do not cover
     eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.2, soft=0.8, hard=0.85,
                   early_start=0.0, probe_fn=lambda t: 0.0)
-    i = 0
-    while not _started(s):
-        s.add([{"role": "user", "content": user_msg(i)}])
-        i += 1
+    _add_until_started(s)
     st, n = _started(s)[0], len(s.tokens)
     missing = s.limits.keep_recent - max(0, s.limits.hard - n)
     assert missing > 0
@@ -99,10 +102,7 @@ def test_compact_after_a_scheduled_start_still_keeps_keep_recent_raw(tmp_path):
     # a preparation the schedule started cut after the last message; /compact now must not reuse that cut
     eng, s = make("background", tmp_path=tmp_path, window=1000, keep_recent=0.2, soft=0.5, hard=0.85,
                   early_start=0.0, probe_fn=lambda t: 0.0)
-    i = 0
-    while not _started(s):
-        s.add([{"role": "user", "content": user_msg(i)}])
-        i += 1
+    _add_until_started(s)
     assert _started(s)[0].mark_tokens == len(s.tokens)
     e = s.compact()
     assert e is not None and e.trigger == "manual"

@@ -80,11 +80,7 @@ class BackgroundPreparation:
         if first >= len(ents) or (self.ctx.partial is None and
                                   not any(e.msg.get("role") == "tool" for e in ents[first:])):
             return 0
-        start = None
-        for e in ents[:first + 1]:
-            if e.start_tok is not None:
-                start = e.start_tok  # the last token boundary at or before that message
-        return len(self.ctx) - start if start is not None else 0
+        return self._tokens_from(first)
 
     def recut_for(self, trigger: str) -> None:
         """``/compact`` and the tool leave ``keep_recent`` raw: a pending preparation cut later than that

@@ -50,12 +50,16 @@ class Compactor(BackgroundPreparation):
         """Live tokens from the running call's first message on (0 when no call runs or none is in yet)."""
         if self.call_tidx is None:
             return 0
-        start = None
-        for e in self.ctx.entries:
-            if e.start_tok is not None:
-                start = e.start_tok  # the last token boundary at or before the call's first message
+        for i, e in enumerate(self.ctx.entries):
             if e.tidx >= self.call_tidx and not e.summary:
-                return len(self.ctx) - start if start is not None else 0
+                return self._tokens_from(i)
+        return 0
+
+    def _tokens_from(self, i: int) -> int:
+        """Live tokens from entry ``i`` on, counted from the last token boundary at or before it."""
+        for e in reversed(self.ctx.entries[:i + 1]):
+            if e.start_tok is not None:
+                return len(self.ctx) - e.start_tok
         return 0
 
     def _room_for(self, n: int) -> bool:
