@@ -110,8 +110,9 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
             if p not in paths:
                 paths.append(p)
     lines = []
-    auto = ("(Automatic summary, built without the model" + (f"; the summarizer failed: {reason}" if reason else "")
-            + ".)")
+    skipped = reason in ("no_time", "uninformative")   # the model was not asked (sessions/summaries.py)
+    why = (f"; not asked: {reason}" if skipped else f"; the summarizer failed: {reason}") if reason else ""
+    auto = "(Automatic summary, built without the model" + why + ".)"
     if standing:  # first (the lines are trimmed from the end): the marker, the user's instructions
         lines += [auto, FIRST_HEADING] + [" ".join((u or "").split()) for u in standing]
     if users:

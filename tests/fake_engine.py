@@ -18,10 +18,15 @@ _TOK_RE = re.compile(r"<\|[^|<>\s]+\|>|\s+|\w+|[^\w\s]")
 EOG_TEXT = "<|im_end|>"
 
 
+_SUMMARIES = itertools.count(1)
+
+
 def default_responder(prompt: str) -> str:
     last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
     if "write a summary of the conversation" in last_user:
-        return "Standing instructions: none\nGoal: test the session.\nVerified facts: none\nNext step: continue."
+        # a new fact each time, or the session stops asking the model (sessions/novelty.py)
+        n = next(_SUMMARIES)
+        return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
     n = prompt.count("<|im_start|>assistant")
     return f"Reply number {n}: noted and done."
 

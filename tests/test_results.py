@@ -380,3 +380,31 @@ def test_a_pinned_tool_output_is_not_listed_twice(tmp_path):
         s.chat([call(i, "list", page=i), out(i, page(i))], max_tokens=8)
     text = summary_text(s)
     assert text.count("Settled total: 77.50") == 1
+
+
+def test_retries_of_a_model_that_keeps_missing_the_edge_back_off(tmp_path):
+    from pykvcompact.sessions.background import RETRY_AFTER_SKIPS
+    eng, s = background(tmp_path)
+    eng.bg_polls = 10 ** 6   # the model never finishes in time
+    meter = s._compactor.meter
+
+    def slow():   # as above: nothing fits before the edge at the measured pace
+        meter._prompt_s, meter._write, meter._growth, meter._prefill = 1.0, 0.5, 500.0, 1000.0
+    meter.summary_pace = meter.prefill = meter.turn = lambda *a, **k: None
+    for j in range(150):
+        s.chat([call(j, "list_transactions", page=j), out(j, page(j))], max_tokens=8)
+        slow()
+    seq = [e.reason for e in s.events if e.name == "summary_failed" and e.reason in ("max_stall", "no_time")]
+    gaps, n = [], 0   # summaries without the model between two abandoned attempts
+    for r in seq:
+        if r == "max_stall":
+            gaps.append(n)
+            n = 0
+        else:
+            n += 1
+    gaps = gaps[1:]   # (before the first: the pace was not known yet)
+    assert len(gaps) >= 2, seq
+    assert gaps[0] >= RETRY_AFTER_SKIPS and gaps[1] >= 2 * RETRY_AFTER_SKIPS, gaps
+    assert gaps == sorted(gaps), gaps
+    check = [e for e in s.events if e.name == "dropped"]
+    assert not check

@@ -22,6 +22,7 @@ PACED = ("soft", "schedule", "next_turns", "restart", "compress", "hard")
 SCHEDULED = ("soft", "schedule", "next_turns", "restart")   # swapped in when ``hard`` comes
 PACE_MARGIN = 0.7   # plan on 70% of the measured pace: the conversation may speed up
 RETRY_AFTER_SKIPS = 3   # preparations without the model before it is asked again, uncapped
+MAX_BACKOFF = 3         # ...doubled per abandoned retry, at most this many times (24)
 IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while the engine works alone
 
 
@@ -37,9 +38,10 @@ class BackgroundPreparation:
         bg = self.policy.mode == "background"
         # after a few summaries without the model, ask it again uncapped: its pace is measured anew (the
         # machine may have quietened, the agent's tools may now leave the engine idle)
-        paced = bg and reason in PACED and self.skips < RETRY_AFTER_SKIPS
+        paced = bg and reason in PACED and self.skips < self._retry_after()
         try:
-            job = self.maker.start(mark, instructions, background=bg, affordable=self._affordable() if paced else None)
+            job = self.maker.start(mark, instructions, background=bg, trigger=reason,
+                                   affordable=self._affordable() if paced else None)
         except engine_errors():
             return False
         skipped = job.summary is not None and job.summary.reason == "no_time"
@@ -112,9 +114,18 @@ class BackgroundPreparation:
             return None   # the writing pace is unknown yet: try
         return int(seconds * r.summary_write_tok_s * PACE_MARGIN)
 
+    def _retry_after(self) -> int:
+        """Preparations without the model before it is asked again uncapped: RETRY_AFTER_SKIPS, doubled for
+        each model summary in a row abandoned at the edge (measured on Qwen2.5-Coder-1.5B, 2 cores: every
+        retry missed the edge again, and each slowed two to three steps about twofold for nothing)."""
+        return RETRY_AFTER_SKIPS << min(max(0, self.missed - 1), MAX_BACKOFF)
+
     def _next_writes(self) -> int:
-        """Summary tokens the model would be asked for if a preparation started now (0: none, no time)."""
-        a = self._affordable() if self.skips < RETRY_AFTER_SKIPS else None
+        """Summary tokens the model would be asked for if a preparation started now (0: none: no time, or
+        its last summaries said nothing)."""
+        if not self.maker.asks_model():
+            return 0
+        a = self._affordable() if self.skips < self._retry_after() else None
         if a is None:
             return self.lim.summary
         return min(self.lim.summary, a) if a >= MIN_MODEL_TOKENS else 0
@@ -227,12 +238,21 @@ class BackgroundPreparation:
         waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
         if self.policy.mode != "background":
             return False
+        self.ask_model_again()
         self.recut_for(trigger)
         if self.prep is None and not self.start(trigger, loose=True):
             return False
         self.prep.commit_trigger = trigger
         self.tick()
         return True
+
+    def ask_model_again(self) -> None:
+        """``/compact``, the tool and instructions always ask the model: a pending preparation written
+        without it on purpose (no time, or its summaries said nothing new) is dropped for a new one."""
+        p = self.prep
+        s = p.job.summary if p is not None else None
+        if s is not None and s.fallback and s.attempts == 0 and s.reason in ("uninformative", "no_time"):
+            self.cancel("asks_model")
 
     def compress(self) -> None:
         """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""

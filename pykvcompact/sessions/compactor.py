@@ -28,6 +28,7 @@ class Compactor(BackgroundPreparation):
         self.worst_stall_ms = 0.0
         self.paced = False               # a model summary missed the window edge: size the next ones to the pace
         self.skips = 0                   # preparations in a row that did not ask the model (no time)
+        self.missed = 0                  # model summaries in a row abandoned at the window edge (max_stall)
         self.margin = policy.chunk_tokens + 8
         self.fork_cells: Optional[int] = None   # cells reserved beyond the window (set by the session)
         ctx.on_truncate = self._on_truncate
@@ -145,7 +146,7 @@ class Compactor(BackgroundPreparation):
             self._skip("no_cut_point", trigger)
             return None
         self.emit(ev.SummaryStarted(mark, self.ctx.mark_tok(mark), background=False, reason=trigger))
-        job = self.maker.start(mark, instructions, background=False)
+        job = self.maker.start(mark, instructions, background=False, trigger=trigger)
         summary = job.wait()
         self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
         rep = self.maker.replacement(mark, summary)
@@ -161,6 +162,9 @@ class Compactor(BackgroundPreparation):
         if p is not None and instructions and p.instructions != instructions:
             self.cancel("new_instructions")
             p = None
+        if instructions or trigger == "manual":   # (the tool: in defer, when it is called)
+            self.ask_model_again()
+            p = self.prep
         if p is not None and trigger == "manual":  # (the tool's re-cut is decided once, in defer)
             self.recut_for(trigger)
             p = self.prep
@@ -185,10 +189,13 @@ class Compactor(BackgroundPreparation):
             self.meter.summary(max(1, p.written), p.elapsed_ms / 1000.0)
             self.meter.summary_pace(*(p.pace or (p.elapsed_ms / 1000.0,)))  # no token yet: all of it was prompt
             self.paced = True
+            self.missed += 1
             self.emit(ev.SummaryFailed("max_stall", summary.attempts,
                                        f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="
                                        f"{self.policy.max_stall_ms}; a wait stops early when the summary's "
                                        "measured progress says it cannot be in by then)"))
+        elif not summary.fallback:
+            self.missed = 0
         if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
         rep, rb = p.replacement, p.rb

@@ -15,6 +15,7 @@ from .context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
                      message_text, plan_kept, split_standing, trim_lines, trim_standing)
 from .ledger import Ledger
+from .novelty import informative, says_something_new
 from .messages import view_of
 from . import results as res
 from .summary_job import Summary, SummaryJob
@@ -25,6 +26,11 @@ from .swap import Replacement
 MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
 SEARCH_POINTER = " search_history looks up any detail not listed here."
 MIN_MODEL_TOKENS = 32   # a model summary shorter than this is not worth its prompt's prefill
+# A model whose summaries say nothing new (novelty.py) is not asked after this many in a row, and asked again
+# after ASK_AGAIN_AFTER summaries without it (the history may hold more by then).  Measured on Qwen2.5-Coder-1.5B:
+# each of its summaries slowed the conversation's steps about threefold for three to five steps.
+SAID_NOTHING_LIMIT = 2
+ASK_AGAIN_AFTER = 3
 
 
 @dataclass
@@ -47,6 +53,9 @@ class SummaryMaker:
         self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
         self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
         self.searchable = False   # the session offers search_history (the summary says so)
+        self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
+        self.not_asked = 0        # summaries written without the model since it was last asked
+        self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
@@ -54,7 +63,8 @@ class SummaryMaker:
         if meta is None:
             return None
         return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing,
-                "results": meta.results, "left_out": meta.left_out}
+                "results": meta.results, "left_out": meta.left_out,
+                "model": {"said_nothing": self.said_nothing, "not_asked": self.not_asked}}
 
     def restore(self, msg: dict, described: Optional[dict]) -> None:
         if described:
@@ -62,6 +72,10 @@ class SummaryMaker:
                                              described.get("body", ""), list(described.get("standing") or []),
                                              [str(x) for x in described.get("results") or []],
                                              int(described.get("left_out") or 0))
+            model = described.get("model")
+            if isinstance(model, dict):   # (the newest summary's counters win: restored in log order)
+                self.said_nothing = int(model.get("said_nothing") or 0)
+                self.not_asked = int(model.get("not_asked") or 0)
 
     # ------------------------------------------------------------------ what is kept
     def _first_user(self) -> Optional[int]:
@@ -99,8 +113,8 @@ class SummaryMaker:
         else:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
         found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]])
-        return Plan(kept, overflow, "\n".join(c for c in carried if c.strip()), merge_standing(standing),
-                    res.merge(results, found), left_out)
+        carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
+        return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out)
 
     def results_share(self, results: List[str]) -> int:
         """Tokens of the summary text budget the key results take from the model's summary (at most half:
@@ -152,10 +166,12 @@ class SummaryMaker:
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool,
-              affordable: Optional[int] = None) -> SummaryJob:
+              affordable: Optional[int] = None, trigger: str = "") -> SummaryJob:
         """A summary of ``entries[n_prefix:mark]``.  ``affordable``: the summary tokens the model can write
         in the time left (background mode, measured); the model writes at most that many, and none when
-        that is below :data:`MIN_MODEL_TOKENS` (the extractive summary then serves at once)."""
+        that is below :data:`MIN_MODEL_TOKENS` (the extractive summary then serves at once).  A ``manual``
+        or ``tool`` compaction, or one with ``instructions``, always asks the model (its summary is the
+        point of the call: only the model can follow the instructions)."""
         ctx = self.ctx
         mark_tok = ctx.mark_tok(mark)
         plan = self.plan(mark)
@@ -183,13 +199,17 @@ class SummaryMaker:
             f.truncate(mark_tok)
             return f
 
-        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark]]
+        # (an earlier summary is carried on its own: the fallback does not quote it again)
+        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
         budget = self.text_budget() - self.results_share(plan.results)   # the model's share of the text
         writes = budget if affordable is None else min(budget, affordable)
-        skip = ""
+        asked = bool(instructions) or trigger in ("manual", "tool")
+        skip, skip_reason = self._skip(asked or (affordable is not None and writes < MIN_MODEL_TOKENS)), "no_time"
         if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
             skip = (f"at the measured pace the model can write {max(0, writes)} summary tokens before the window "
                     f"edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used")
+        elif skip:
+            skip_reason = "uninformative"
         over, spare = [c.content for c in overflow], self.spare(kept)
         # a fallback's standing instructions beyond its budget only while the swap still gains clearly
         p_tok, m_tok = ctx.span(mark)[:2]
@@ -200,7 +220,21 @@ class SummaryMaker:
                           max_tokens=max(writes, 1), timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
                           head=FIRST_HEADING, count=count,
-                          room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip)
+                          room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip, skip_reason=skip_reason)
+
+    def asks_model(self) -> bool:
+        """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
+        nothing, until ASK_AGAIN_AFTER have been written without it (the schedule asks: without the model a
+        preparation only has the rebased context to prefill)."""
+        return self.said_nothing < SAID_NOTHING_LIMIT or self.not_asked >= ASK_AGAIN_AFTER
+
+    def _skip(self, other: bool) -> str:
+        """Why the model is not asked for this summary ("": it is, or ``other`` decides): its last summaries
+        said nothing new.  (The counters change when a summary is used: :meth:`_judge`.)"""
+        if other or self.asks_model():
+            return ""
+        return (f"the model's last {self.said_nothing} summaries said nothing the summary message does not carry "
+                "anyway: the extractive summary is used")
 
     def spare(self, kept) -> int:
         """What the messages kept verbatim leave of their budget: standing instructions may use it."""
@@ -237,6 +271,7 @@ class SummaryMaker:
         kept, carried, old_standing = plan.kept, plan.carried, plan.standing
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
+        self._judge(summary, rest, plan)
         share = self.results_share(plan.results)
         model = self.text_budget() - share      # the model's (or the fallback's) share of the text budget
         carry = self.carry_budget() + max(0, model - summary.tokens)
@@ -286,6 +321,23 @@ class SummaryMaker:
         if level < MAX_SHRINK:
             rep.smaller = lambda: self.replacement(mark, summary, level + 1)
         return rep
+
+    def _judge(self, summary: Summary, rest: str, plan: Plan) -> None:
+        """Count, once per summary used, whether the model said something the summary message does not
+        carry anyway (the user's messages, the instructions, the carried text, the key results:
+        novelty.says_something_new) — the measure of whether to ask it next time.  Its text is kept either
+        way (a restated fact can still be news to the agent: "the failing tests pass now")."""
+        if summary is self._judged:
+            return
+        self._judged = summary
+        if summary.fallback:
+            if summary.reason == "uninformative":   # written without the model on purpose
+                self.not_asked += 1
+            return
+        known = "\n".join([c.content for c in plan.kept] + list(plan.standing) + [plan.carried]
+                          + list(plan.results))
+        self.said_nothing = 0 if says_something_new(rest, known) else self.said_nothing + 1
+        self.not_asked = 0
 
     def _rendered(self, mark: int, msg: dict) -> Replacement:
         """The replacement of ``entries[n_prefix:mark]`` by ``msg``, rendered after the prefix."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from .. import events as ev
+from .novelty import informative
 from .port import engine_errors
 
 
@@ -20,20 +21,21 @@ class Summary:
     tokens: int           # summary tokens generated (or of the fallback text)
     fallback: bool
     attempts: int
-    reason: str = ""      # why the fallback was used
+    reason: str = ""      # why the fallback was used; "trimmed" or "uninformative" for the model's own
 
 
 class SummaryJob:
     """``fork_at(mark_tok)`` gives a fork cut at the mark; ``prompt(shorter)`` the summarizer prompt tokens
     (ending with the generation prompt and the prefilled first heading); ``fallback(reason)`` the
     deterministic text; ``emit`` receives ``SummaryFailed`` events.  ``skip``: why the model is not asked at
-    all (no time before the window edge): the fallback is the summary from the start."""
+    all (``skip_reason``: ``no_time`` before the window edge, or ``uninformative``: its last summaries said
+    nothing): the fallback is the summary from the start."""
 
     def __init__(self, *, summarizer, fork_at: Callable[[], object], prompt: Callable[[bool], List[int]],
                  fallback: Callable[[str], str], detok: Callable[[List[int]], str], max_tokens: int,
                  timeout: float, retries: int, background: bool, emit: Callable[[ev.Event], None],
                  head: str = "", count: Callable[[str], int] = len, room: Callable[[int], bool] = lambda n: True,
-                 skip: str = ""):
+                 skip: str = "", skip_reason: str = "no_time"):
         self._summarizer, self._fork_at, self._prompt, self._fallback = summarizer, fork_at, prompt, fallback
         self._detok, self.max_tokens, self.timeout, self.retries = detok, max_tokens, timeout, retries
         self.background, self._emit, self.head, self._count, self._room = background, emit, head, count, room
@@ -43,10 +45,10 @@ class SummaryJob:
         self.fork = None
         self.attempt = None
         self.prompt_tokens = 0
-        if skip:  # no time for the model: the deterministic (extractive) summary at once, no attempt made
-            self._emit(ev.SummaryFailed("no_time", 0, skip))
-            text = self._fallback("no_time")
-            self.summary = Summary(text, self._count(text), True, 0, "no_time")
+        if skip:  # the model is not asked (skip_reason): the deterministic (extractive) summary at once
+            self._emit(ev.SummaryFailed(skip_reason, 0, skip))
+            text = self._fallback(skip_reason)
+            self.summary = Summary(text, self._count(text), True, 0, skip_reason)
         else:
             self._start(shorter=False)
 
@@ -98,11 +100,20 @@ class SummaryJob:
         if kept and not _repeats(kept) and self._count(kept) * 2 >= len(a.tokens):
             # the budget ran out mid-summary: keep its complete lines (the most important come first)
             # rather than write a whole second summary, which costs as much again and is cut the same way
-            self.summary = Summary(kept, self._count(kept), False, self.attempts, "trimmed")
+            self._written(kept, self._count(kept), "trimmed")
         elif reason is None:
-            self.summary = Summary((self.head + text).strip(), len(a.tokens), False, self.attempts)
+            self._written(full, len(a.tokens), "")
         else:
             self._failed(reason, str(a.error) if a.error is not None else "")
+
+    def _written(self, text: str, tokens: int, reason: str) -> None:
+        """The model's summary, less what says nothing; "uninformative" when nothing is left (a second
+        attempt would cost as much again: the extractive parts of the summary message still carry it)."""
+        said = informative(text)
+        if not said:
+            self._emit(ev.SummaryFailed("uninformative", self.attempts, "every heading of the summary was empty"))
+            reason = "uninformative"
+        self.summary = Summary(said, tokens, False, self.attempts, reason)
 
     # ------------------------------------------------------------------ verbs
     @property
