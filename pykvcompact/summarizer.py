@@ -19,6 +19,7 @@ from typing import Callable, List, Optional, Sequence
 from .sessions.port import grant_rows
 
 FAILURES = ("exception", "empty", "over_length", "timeout", "tool_call")
+SKIPS = ("no_time", "uninformative")   # why the model is not asked at all (sessions/summaries.py)
 
 # The answer is prefilled with its first heading, so the model starts writing the summary (not a tool
 # call: the tool schema sits in the system prompt of the context the summary is written in).
@@ -110,8 +111,7 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
             if p not in paths:
                 paths.append(p)
     lines = []
-    skipped = reason in ("no_time", "uninformative")   # the model was not asked (sessions/summaries.py)
-    why = (f"; not asked: {reason}" if skipped else f"; the summarizer failed: {reason}") if reason else ""
+    why = (f"; not asked: {reason}" if reason in SKIPS else f"; the summarizer failed: {reason}") if reason else ""
     auto = "(Automatic summary, built without the model" + why + ".)"
     if standing:  # first (the lines are trimmed from the end): the marker, the user's instructions
         lines += [auto, FIRST_HEADING] + [" ".join((u or "").split()) for u in standing]

@@ -250,8 +250,7 @@ class BackgroundPreparation:
         """``/compact``, the tool and instructions always ask the model: a pending preparation written
         without it on purpose (no time, or its summaries said nothing new) is dropped for a new one."""
         p = self.prep
-        s = p.job.summary if p is not None else None
-        if s is not None and s.fallback and s.attempts == 0 and s.reason in ("uninformative", "no_time"):
+        if p is not None and p.job.summary is not None and p.job.summary.skipped:
             self.cancel("asks_model")
 
     def compress(self) -> None:

@@ -203,13 +203,14 @@ class SummaryMaker:
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
         budget = self.text_budget() - self.results_share(plan.results)   # the model's share of the text
         writes = budget if affordable is None else min(budget, affordable)
-        asked = bool(instructions) or trigger in ("manual", "tool")
-        skip, skip_reason = self._skip(asked or (affordable is not None and writes < MIN_MODEL_TOKENS)), "no_time"
+        skip, skip_reason = "", ""
         if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
-            skip = (f"at the measured pace the model can write {max(0, writes)} summary tokens before the window "
-                    f"edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used")
-        elif skip:
-            skip_reason = "uninformative"
+            skip, skip_reason = (f"at the measured pace the model can write {max(0, writes)} summary tokens before "
+                                 f"the window edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used",
+                                 "no_time")
+        elif not (instructions or trigger in ("manual", "tool") or self.asks_model()):
+            skip, skip_reason = (f"the model's last {self.said_nothing} summaries said nothing the summary message "
+                                 "does not carry anyway: the extractive summary is used", "uninformative")
         over, spare = [c.content for c in overflow], self.spare(kept)
         # a fallback's standing instructions beyond its budget only while the swap still gains clearly
         p_tok, m_tok = ctx.span(mark)[:2]
@@ -225,16 +226,9 @@ class SummaryMaker:
     def asks_model(self) -> bool:
         """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
         nothing, until ASK_AGAIN_AFTER have been written without it (the schedule asks: without the model a
-        preparation only has the rebased context to prefill)."""
+        preparation only has the rebased context to prefill).  The counters change when a summary is used
+        (:meth:`_judge`)."""
         return self.said_nothing < SAID_NOTHING_LIMIT or self.not_asked >= ASK_AGAIN_AFTER
-
-    def _skip(self, other: bool) -> str:
-        """Why the model is not asked for this summary ("": it is, or ``other`` decides): its last summaries
-        said nothing new.  (The counters change when a summary is used: :meth:`_judge`.)"""
-        if other or self.asks_model():
-            return ""
-        return (f"the model's last {self.said_nothing} summaries said nothing the summary message does not carry "
-                "anyway: the extractive summary is used")
 
     def spare(self, kept) -> int:
         """What the messages kept verbatim leave of their budget: standing instructions may use it."""
@@ -331,7 +325,7 @@ class SummaryMaker:
             return
         self._judged = summary
         if summary.fallback:
-            if summary.reason == "uninformative":   # written without the model on purpose
+            if summary.skipped and summary.reason == "uninformative":   # its summaries said nothing new
                 self.not_asked += 1
             return
         known = "\n".join([c.content for c in plan.kept] + list(plan.standing) + [plan.carried]

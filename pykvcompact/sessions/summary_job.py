@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from .. import events as ev
+from ..summarizer import SKIPS
 from .novelty import informative
 from .port import engine_errors
 
@@ -22,6 +23,11 @@ class Summary:
     fallback: bool
     attempts: int
     reason: str = ""      # why the fallback was used; "trimmed" or "uninformative" for the model's own
+
+    @property
+    def skipped(self) -> bool:
+        """Written without the model on purpose (no attempt made): one of ``summarizer.SKIPS``."""
+        return self.fallback and self.attempts == 0 and self.reason in SKIPS
 
 
 class SummaryJob:
