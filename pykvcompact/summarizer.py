@@ -90,6 +90,25 @@ _PATH_RE = re.compile(r"(?:(?<=\s)|^)((?:[\w.-]+/)+[\w.-]+\.\w{1,8}|[\w-]+\.(?:p
                       r"cpp|h|hpp|c|js|ts|rs|go|java|sh|cfg|ini|csv))\b")
 
 
+LAST_REQUEST, FIRST_REQUEST = "Last user request: ", "First user request: "
+_REQUEST_CHARS = {LAST_REQUEST: 400, FIRST_REQUEST: 300}
+NEXT_STEP_LINE = "Next step: continue from the most recent messages below."
+
+
+def _request_line(label: str, content: str) -> str:
+    return label + _clip(content, _REQUEST_CHARS[label])
+
+
+def without_repeated_requests(text: str, whole: Sequence[str]) -> str:
+    """A fallback summary's text without its "Last/First user request" lines for the user messages in
+    ``whole`` (those the summary message finally carries verbatim: kept messages, standing instructions):
+    said once, not twice (measured: 25 of a fallback's ~350 tokens on the ledger episodes).  Decided when
+    the message is composed, as a smaller rebased context may drop kept messages and a "none" line is not
+    kept as an instruction: then the request line is the message's only copy."""
+    repeats = {_request_line(label, t) for t in whole for label in _REQUEST_CHARS}
+    return "\n".join(line for line in text.split("\n") if line not in repeats)
+
+
 def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: int = 2000,
                      standing: Sequence[str] = ()) -> str:
     """A deterministic summary built from the messages (no model): ``standing`` (the user messages that
@@ -116,15 +135,15 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
     if standing:  # first (the lines are trimmed from the end): the marker, the user's instructions
         lines += [auto, FIRST_HEADING] + [" ".join((u or "").split()) for u in standing]
     if users:
-        lines.append("Last user request: " + _clip(users[-1].get("content", ""), 400))
+        lines.append(_request_line(LAST_REQUEST, users[-1].get("content", "")))
     if not standing:
         lines.append(auto)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(roles.items()))
     lines.append(f"Summarized messages: {sum(roles.values())} ({counts or 'none'}).")
     if tools:
         lines.append("Tools called: " + ", ".join(f"{k} x{v}" for k, v in tools.most_common()) + ".")
-    if users and len(users) > 1:
-        lines.append("First user request: " + _clip(users[0].get("content", ""), 300))
+    if len(users) > 1:
+        lines.append(_request_line(FIRST_REQUEST, users[0].get("content", "")))
     if paths:
         lines.append("Files mentioned: " + ", ".join(paths[:12]) + ".")
     if earlier:
@@ -134,7 +153,7 @@ def fallback_summary(messages: Sequence[dict], *, reason: str = "", max_chars: i
     last_asst = [m for m in messages if m.get("role") == "assistant" and m.get("content")]
     if last_asst:
         lines.append("Last assistant reply: " + _clip(last_asst[-1]["content"], 300))
-    lines.append("Next step: continue from the most recent messages below.")
+    lines.append(NEXT_STEP_LINE)
     out = "\n".join(lines)
     return out if len(out) <= max_chars else out[: max_chars - 1] + "…"
 

@@ -65,6 +65,21 @@ def test_assistant_statements_are_kept_unless_they_restate_a_tool_result():
                             "- (assistant) So the final answer is R1 + R2 = 14822."]
 
 
+def test_a_tool_call_written_as_text_is_not_a_result():
+    # measured on Qwen2.5-Coder-1.5B (math, window 2048): this reply, a call the parser did not take, was
+    # copied as a key result and the model answered 581 to "R1 + R2" (9136 in the history)
+    msgs = [call(0, "finish", sheet=2), out(0, "Checked. R2 = 4541"),
+            {"role": "assistant", "content": '{{"name": "finish", "arguments": {"result": "R1 + R2 = 581'},
+            {"role": "assistant", "content": '<tool_call>\n{"name": "finish", "arguments": {"total": 12}}'},
+            {"role": "assistant", "content": "So the final total is 12."}]
+    assert listed(msgs) == listed(msgs[:2]) + ["- (assistant) So the final total is 12."]
+    assert "R2 = 4541" in listed(msgs)[0]
+    # (from the review) a statement that quotes call-like text is still a statement
+    for said in ['Final total for {"name": "ACC-7"} is 581.', "I ran compact_conversation () earlier; the settled "
+                 "total is 1,204.50.", 'The API returned {"name": "build_77", "status": "passed"}: total 12 tests.']:
+        assert listed([{"role": "assistant", "content": said}]) == ["- (assistant) " + said]
+
+
 def test_an_unfinished_line_is_not_a_result():
     # measured on Qwen2.5-Coder-1.5B (ledger, window 2048): replies cut at their token limit ("... Settled
     # total:") filled 6 of the 10 listed results and pushed settled totals out of the summary

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pykvcompact as pk
 from pykvcompact.sessions.novelty import informative, novel_words, says_something_new
 from pykvcompact.sessions.summaries import ASK_AGAIN_AFTER, SAID_NOTHING_LIMIT
+from fake_engine import FakeEngine
+from test_results import call, out
 from test_session_logic import check_invariants, make, user_msg
 
 NOTHING = ("Standing instructions: none\nGoal: none\nVerified facts: none\nDecisions: none\n"
@@ -167,4 +169,96 @@ def test_the_tool_asks_the_model_even_over_a_preparation_written_without_it(tmp_
             break
     assert len(asked) == before + 1
     assert [e for e in s.events if e.name == "preparation_restarted" and e.reason == "asks_model"]
+    check_invariants(s)
+
+
+def test_the_extractive_summary_does_not_repeat_a_request_the_message_carries_whole():
+    from pykvcompact.summarizer import LAST_REQUEST, NEXT_STEP_LINE, fallback_summary, without_repeated_requests
+    msgs = [{"role": "user", "content": "Sub-goal 5: settle  ACC-8546."}, {"role": "assistant", "content": "ok"}]
+    text = fallback_summary(msgs)
+    assert LAST_REQUEST in text
+    # kept verbatim (whitespace aside) or listed as a standing instruction: said once, not twice
+    assert LAST_REQUEST not in without_repeated_requests(text, ["Sub-goal 5: settle ACC-8546."])
+    with_standing = fallback_summary(msgs, standing=["Sub-goal 5: settle ACC-8546."])
+    assert LAST_REQUEST not in without_repeated_requests(with_standing, ["Sub-goal 5: settle ACC-8546."])
+    # a clipped copy is not the message: the request line stays
+    assert without_repeated_requests(text, ["Sub-goal 5: settle … 8546."]) == text
+    # a model that copies the extractive summary's last line carries nothing forward by it
+    assert informative("Goal: settle ACC-8546\n" + NEXT_STEP_LINE) == "Goal: settle ACC-8546"
+    assert informative(NEXT_STEP_LINE + "\nGoal: settle ACC-8546") == "Goal: settle ACC-8546"
+    # (from the review) with lines under it, the heading stays over them
+    step = "Decisions: use tabs.\n" + NEXT_STEP_LINE + "\n- then deploy to staging on port 8080"
+    assert informative(step) == step
+
+
+def test_a_fallback_summary_message_says_the_task_once(tmp_path):
+    from test_results import mk, run_task
+    _, s = mk(tmp_path, faults=["exception"] * 200)   # every summary is the extractive one
+    run_task(s)
+    task = "Reconcile the accounts one by one and note each settled total."
+    fallbacks = [m["content"] for m in s.transcript if m.get("summary") and "Automatic summary" in m["content"]]
+    assert len(fallbacks) >= 2
+    for text in fallbacks:
+        assert text.count(task) == 1, text   # kept verbatim, not repeated as "Last user request"
+    check_invariants(s)
+
+
+def test_a_smaller_swap_that_drops_the_kept_request_keeps_its_line(tmp_path, monkeypatch):
+    # (from the review) the pool too full for the planned swap: the smallest one keeps no message verbatim,
+    # and the extractive summary's "Last user request" line is then the request's only copy
+    from pykvcompact import errors
+    from pykvcompact.summarizer import Summarizer
+    from pykvcompact.sessions.swap import Swap
+    import pykvcompact.sessions.summaries as S
+    levels, replacement, build = {}, S.SummaryMaker.replacement, Swap._build
+
+    def at_level(self, mark, summary, level=0):
+        rep = replacement(self, mark, summary, level)
+        levels[id(rep.tokens)] = level
+        return rep
+
+    def only_the_smallest(self, span, repl, rb, mode):
+        if repl and levels.get(id(repl), S.MAX_SHRINK) < S.MAX_SHRINK:
+            if rb is not None:
+                rb.cancel()
+            raise errors.ContextFullError("no room (test)")
+        return build(self, span, repl, rb, mode)
+    monkeypatch.setattr(S.SummaryMaker, "replacement", at_level)
+    monkeypatch.setattr(Swap, "_build", only_the_smallest)
+    s = pk.Session(FakeEngine(n_ctx=16384), system="You are an agent.", history_dir=tmp_path, session_id="lv",
+                   summarizer=Summarizer(faults=["exception"] * 500),
+                   policy=pk.Policy(mode="hard", window=2000, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=256))
+    s.chat("Task: fix bug 42 in the parser.", max_tokens=8)
+    request = "Now rename parse_row to read_row; never touch billing.py."
+    s.chat(request, max_tokens=8)
+    for i in range(30):
+        s.chat([call(i, "read_file"), out(i, " ".join(f"l{i}_{k}" for k in range(60)))], max_tokens=16)
+        if any(e.name == "rebased" for e in s.events):
+            break
+    assert any(e.name == "rebased" for e in s.events) and S.MAX_SHRINK in levels.values()
+    summary = next(m["content"] for m in s.messages if m.get("summary"))
+    assert [e for e in s.events if e.name == "summary_ready"][0].fallback and request in summary
+    check_invariants(s)
+
+
+def test_a_reply_of_none_is_not_lost_by_the_extractive_summary(tmp_path):
+    # (from the review) "None." is no standing instruction (split_standing drops "none" lines), so the
+    # request line is its only copy once it leaves the kept messages
+    from pykvcompact.summarizer import LAST_REQUEST, Summarizer
+    s = pk.Session(FakeEngine(n_ctx=16384), system="You are an agent.", history_dir=tmp_path, session_id="n",
+                   summarizer=Summarizer(faults=["exception"] * 500),
+                   policy=pk.Policy(mode="hard", window=1000, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=96, keep_user_tokens=0))
+    s.chat("Task: fix bug 42 in the parser.", max_tokens=8)
+    s.add([{"role": "assistant", "content": "Which files must I leave untouched?"}])
+    s.chat("None.", max_tokens=8)
+    for i in range(40):
+        s.chat([call(i, "read_file"), out(i, " ".join(f"l{i}_{k}" for k in range(30)))], max_tokens=8)
+        if any(e.name == "rebased" for e in s.events):
+            break
+    assert any(e.name == "rebased" for e in s.events)
+    summary = next(m["content"] for m in s.messages if m.get("summary"))
+    assert "None." in [m.get("content") for m in s.messages if not m.get("summary")] or \
+        LAST_REQUEST + "None." in summary.split("\n"), summary
     check_invariants(s)

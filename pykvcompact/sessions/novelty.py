@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from typing import List, Sequence
 
+from ..summarizer import NEXT_STEP_LINE
 from .keeper import _FALLBACK_RE, _HEADING_RE, _NONE_RE
 
+_ECHOED = NEXT_STEP_LINE.lower()
 MIN_NOVEL_WORDS = 3   # fewer new plain words (and no new number, id or path): it repeats what the message carries
 
 _FACTLIKE_RE = re.compile(r"\d|[_./]|[a-z][A-Z]")
@@ -30,6 +32,8 @@ def informative(text: str) -> str:
     out, seen = [], set()
     for i, line in enumerate(lines):
         s = line.strip()
+        if " ".join(s.split()).lower() == _ECHOED and not _has_body(lines, i + 1):
+            continue   # the extractive summary's last line, copied by the model: the raw tail follows anyway
         m = _HEADING_RE.match(line)
         if m and _NONE_RE.match(m.group(2)) and not _has_body(lines, i + 1):
             continue

@@ -18,7 +18,10 @@ What counts as a result (generic, no task knowledge):
   ellipsis with no digit in it ("Settled total:", "**Total:**") is cut off, and a line left without a
   value is not a result (a reply cut at its token limit, a heading over the lines that follow);
 - never the output of the session's own tools (``search_history`` echoes the history, the compaction
-  tool's result is a notice).
+  tool's result is a notice);
+- never an assistant reply written as a tool call the parser did not take (a call, not a statement:
+  measured, Qwen2.5-Coder-1.5B wrote ``{{"name": "finish", "arguments": {"result": "R1 + R2 = 581`` as
+  text, and the copied line made it answer 581 where the history said 9136).
 Pure functions.
 """
 from __future__ import annotations
@@ -47,6 +50,9 @@ _VALUE_RE = re.compile(
     r"|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"                      # a hash
     r"|(?:[\w.-]+/)+[\w.-]+"                                                  # a path
 )
+# a reply that opens as a call (JSON with a "name", a call tag), or names a function and its arguments
+_UNPARSED_CALL_RE = re.compile(r'^\s*(?:\{\s*)*(?:"name"\s*:|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)'
+                               r'|"name"\s*:.*"arguments"\s*:', re.DOTALL)
 _CONCLUSIVE_RE = re.compile(
     r"\b(total|totals|final|result|results|verified|settled|answer|answers|conclusion|concluded|confirmed|"
     r"checked|validated|established|resolved|fixed|passed|failed|balance|outcome|decided|found|equals?)\b",
@@ -154,8 +160,8 @@ def _results_of(tidx: int, m: dict, calls: Dict[str, Tuple[str, dict]]) -> List[
         name, args = calls.get(str(m.get("tool_call_id", "")), (m.get("name") or "tool", {}))
         if name in SESSION_TOOLS or m.get("name") in SESSION_TOOLS:
             return []
-    elif not short:
-        return []   # the assistant's long replies are reasoning, not statements of a result
+    elif not short or _UNPARSED_CALL_RE.search(content):
+        return []   # the assistant's long replies are reasoning, its unparsed calls requests: not results
     out = []
     shapes = Counter(_shape(x) for x in lines)
     for raw in (lines if short else lines[-LONG_TAIL:]):

@@ -10,7 +10,7 @@ from .. import events as ev
 from ..chat_template import common_prefix_len
 from ..policy import summary_budget
 from ..summarizer import (FIRST_HEADING, SUMMARY_HEADER, fallback_summary, looks_like_tool_call,
-                          summarizer_request)
+                          summarizer_request, without_repeated_requests)
 from .context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
                      message_text, plan_kept, split_standing, trim_lines, trim_standing)
@@ -295,6 +295,8 @@ class SummaryMaker:
         used += max(0, (count(res.section(results, dropped)) if results or dropped else 0) - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
         standing = merge_standing(old_standing, new_standing)
+        if summary.fallback:   # against what the message finally carries (a smaller context drops some)
+            rest = without_repeated_requests(rest, [c.content for c in kept if c.role == "user"] + standing)
         header = SUMMARY_HEADER.format(path=self.ledger.path)
         header = header[:-1] + SEARCH_POINTER + "]" if self.searchable else header
         limit = self.budget.total if level == 0 else None
