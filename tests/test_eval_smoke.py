@@ -47,6 +47,19 @@ def test_policy_names_with_the_search_suffix():
         parse(["--policies", "peer+search"])
 
 
+def test_background_without_the_probe():
+    from bench.eval.__main__ import parse
+    from bench.eval.policies import Settings, is_known, make_policy
+    assert is_known("background+noprobe") and not is_known("hard+noprobe") and not is_known("peer+noprobe")
+    with pytest.raises(SystemExit):
+        parse(["--policies", "rubric+noprobe"])
+    off, on = (make_policy(n, "ledger", Settings()) for n in ("background+noprobe", "background"))
+    assert off.mode == on.mode == "background" and on.probe_on_tool_result and not off.probe_on_tool_result
+    import pykvcompact.policy as P
+    assert not P.probe_due(off, generated_since_probe=10 ** 6, tool_results_since_probe=50, after_tool_result=True)
+    assert P.probe_due(on, tool_results_since_probe=1, after_tool_result=True)
+
+
 def _consistent(m: dict) -> None:
     if m["accuracy"] is not None:
         assert 0.0 <= m["accuracy"] <= 1.0

@@ -76,8 +76,11 @@ def test_a_tool_call_written_as_text_is_not_a_result():
     assert "R2 = 4541" in listed(msgs)[0]
     # (from the review) a statement that quotes call-like text is still a statement
     for said in ['Final total for {"name": "ACC-7"} is 581.', "I ran compact_conversation () earlier; the settled "
-                 "total is 1,204.50.", 'The API returned {"name": "build_77", "status": "passed"}: total 12 tests.']:
+                 "total is 1,204.50.", 'The API returned {"name": "build_77", "status": "passed"}: total 12 tests.',
+                 'Total is 9136 (via {"name": "add", "arguments": {"a": 1}}).']:
         assert listed([{"role": "assistant", "content": said}]) == ["- (assistant) " + said]
+    assert listed([{"role": "assistant", "content": '"name": "ACC-7"\n"total": 9136'}]) == \
+        ['- (assistant) "total": 9136']   # a value under a "name" line, not a call
 
 
 def test_an_unfinished_line_is_not_a_result():

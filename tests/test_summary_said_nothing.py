@@ -186,6 +186,9 @@ def test_the_extractive_summary_does_not_repeat_a_request_the_message_carries_wh
     # a model that copies the extractive summary's last line carries nothing forward by it
     assert informative("Goal: settle ACC-8546\n" + NEXT_STEP_LINE) == "Goal: settle ACC-8546"
     assert informative(NEXT_STEP_LINE + "\nGoal: settle ACC-8546") == "Goal: settle ACC-8546"
+    for echo in ("- " + NEXT_STEP_LINE, "**Next step:** continue from the most recent messages below",
+                 "Next step: continue from the most recent messages below"):
+        assert informative("Goal: settle ACC-8546\n" + echo) == "Goal: settle ACC-8546", echo
     # (from the review) with lines under it, the heading stays over them
     step = "Decisions: use tabs.\n" + NEXT_STEP_LINE + "\n- then deploy to staging on port 8080"
     assert informative(step) == step

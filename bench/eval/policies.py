@@ -11,9 +11,12 @@ from typing import Optional
 
 POLICIES = ("full", "none", "fixed", "hard", "rubric", "background", "tool", "peer")
 SEARCH = "+search"   # a suffix: the same policy with the search_history tool (the others run without it)
+NO_PROBE = "+noprobe"   # a suffix of background: the schedule alone, the probe never asked (its cost, measured)
 
 
 def is_known(name: str) -> bool:
+    if name.endswith(NO_PROBE):
+        return name[:-len(NO_PROBE)] == "background"
     base = name[:-len(SEARCH)] if name.endswith(SEARCH) else name
     return base in POLICIES and not (name.endswith(SEARCH) and base in ("full", "peer"))
 RUBRIC_OF_FAMILY = {"ledger": "default", "search": "search", "code": "coding", "math": "math",
@@ -50,6 +53,8 @@ def make_policy(name: str, family: str, settings: Settings):
 
     search = name.endswith(SEARCH)
     name = name[:-len(SEARCH)] if search else name
+    no_probe = name.endswith(NO_PROBE)
+    name = name[:-len(NO_PROBE)] if no_probe else name
     common = dict(summary_max_tokens=settings.summary_max_tokens, probe_every=settings.probe_every,
                   rubric=RUBRIC_OF_FAMILY.get(family, "default") if settings.rubric == "family" else settings.rubric,
                   history_tool=search)
@@ -57,6 +62,8 @@ def make_policy(name: str, family: str, settings: Settings):
         return pk.Policy(mode="none", window=full_window(settings), compact_tool=False, **common)
     if name == "none":
         return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool, **common)
+    if no_probe:
+        common.update(probe_on_tool_result=False, probe_every=2 ** 31)
     if name in ("fixed", "hard", "rubric", "background"):
         return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool,
                          rebase=settings.rebase, **common)

@@ -14,7 +14,7 @@ from typing import List, Sequence
 from ..summarizer import NEXT_STEP_LINE
 from .keeper import _FALLBACK_RE, _HEADING_RE, _NONE_RE
 
-_ECHOED = NEXT_STEP_LINE.lower()
+_ECHOED = NEXT_STEP_LINE.lower().rstrip(".")
 MIN_NOVEL_WORDS = 3   # fewer new plain words (and no new number, id or path): it repeats what the message carries
 
 _FACTLIKE_RE = re.compile(r"\d|[_./]|[a-z][A-Z]")
@@ -32,7 +32,7 @@ def informative(text: str) -> str:
     out, seen = [], set()
     for i, line in enumerate(lines):
         s = line.strip()
-        if " ".join(s.split()).lower() == _ECHOED and not _has_body(lines, i + 1):
+        if _plain(s) == _ECHOED and not _has_body(lines, i + 1):
             continue   # the extractive summary's last line, copied by the model: the raw tail follows anyway
         m = _HEADING_RE.match(line)
         if m and _NONE_RE.match(m.group(2)) and not _has_body(lines, i + 1):
@@ -44,6 +44,11 @@ def informative(text: str) -> str:
         if s or (out and out[-1].strip()):
             out.append(line)
     return "\n".join(out).strip()
+
+
+def _plain(line: str) -> str:
+    """A line without its bullet, emphasis and final period, lower case, single-spaced."""
+    return " ".join(line.replace("*", " ").replace("_", " ").lstrip("-•> ").split()).lower().rstrip(".")
 
 
 def _has_body(lines: Sequence[str], j: int) -> bool:

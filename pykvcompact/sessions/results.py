@@ -50,9 +50,10 @@ _VALUE_RE = re.compile(
     r"|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"                      # a hash
     r"|(?:[\w.-]+/)+[\w.-]+"                                                  # a path
 )
-# a reply that opens as a call (JSON with a "name", a call tag), or names a function and its arguments
-_UNPARSED_CALL_RE = re.compile(r'^\s*(?:\{\s*)*(?:"name"\s*:|<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>)'
-                               r'|"name"\s*:.*"arguments"\s*:', re.DOTALL)
+# a reply that opens as a call: a call tag, or JSON naming a function and its arguments (JSON with a
+# "name" and a value is an answer: {"name": "report", "total": 9136})
+_UNPARSED_CALL_RE = re.compile(r'^\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>'
+                               r'|(?:\{\s*)+"name"\s*:.*"(?:arguments|parameters)"\s*:)', re.DOTALL)
 _CONCLUSIVE_RE = re.compile(
     r"\b(total|totals|final|result|results|verified|settled|answer|answers|conclusion|concluded|confirmed|"
     r"checked|validated|established|resolved|fixed|passed|failed|balance|outcome|decided|found|equals?)\b",
