@@ -24,8 +24,8 @@ SKIPS = ("no_time", "uninformative")   # why the model is not asked at all (sess
 # The answer is prefilled with its first heading, so the model starts writing the summary (not a tool
 # call: the tool schema sits in the system prompt of the context the summary is written in).
 FIRST_HEADING = "Standing instructions:"
-_TOOL_CALL_RE = re.compile(r"<tool_call>|</tool_call>|\{\s*\"name\"\s*:|\"arguments\"\s*:|compact_conversation\s*\(|"
-                           r"<\|python_tag\|>|\[TOOL_CALLS\]")
+CALL_TAGS = r"<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>"   # what opens a call (Qwen/Hermes, Mistral, Llama)
+_TOOL_CALL_RE = re.compile(CALL_TAGS + r"|</tool_call>|\{\s*\"name\"\s*:|\"arguments\"\s*:|compact_conversation\s*\(")
 
 
 def looks_like_tool_call(text: str) -> bool:

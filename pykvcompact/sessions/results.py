@@ -32,6 +32,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..summarizer import CALL_TAGS
+
 RESULTS_HEADING = "Key results, copied verbatim from the history (where the summary above differs, these are right):"
 SESSION_TOOLS = ("search_history", "compact_conversation")
 SHORT_LINES = 2          # a tool output of at most this many non-empty lines ...
@@ -52,8 +54,8 @@ _VALUE_RE = re.compile(
 )
 # a reply that opens as a call: a call tag, or JSON naming a function and its arguments (JSON with a
 # "name" and a value is an answer: {"name": "report", "total": 9136})
-_UNPARSED_CALL_RE = re.compile(r'^\s*(?:<tool_call>|\[TOOL_CALLS\]|<\|python_tag\|>'
-                               r'|(?:\{\s*)+"name"\s*:.*"(?:arguments|parameters)"\s*:)', re.DOTALL)
+_UNPARSED_CALL_RE = re.compile(r'^\s*(?:' + CALL_TAGS + r'|(?:\{\s*)+"name"\s*:.*"(?:arguments|parameters)"\s*:)',
+                               re.DOTALL)
 _CONCLUSIVE_RE = re.compile(
     r"\b(total|totals|final|result|results|verified|settled|answer|answers|conclusion|concluded|confirmed|"
     r"checked|validated|established|resolved|fixed|passed|failed|balance|outcome|decided|found|equals?)\b",
