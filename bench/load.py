@@ -9,9 +9,12 @@ latency (p50, p99) alone and under load, and the compactions.  Bounded: every re
 
     python -m bench.load --model smollm2-135m --conversations 8 --turns 10 --out bench/results/load-smollm2.json
 
-Equality is exact only on a float model (``--mode hard``, the schedule is a pure function of the
-context): on a quantized model greedy text can split at near-ties under another batch composition
-(DESIGN.md), and ``background`` times its preparations by measured rates; both are reported, not failed.
+Isolation is checked where float noise cannot hide a leak: once every conversation has run under load,
+each live session's sequence, one token further, is compared with a fresh prefill of the same tokens
+(``kv_drift``, max |delta logit|): cells of another sequence seen, or its own overwritten, show far above
+the placement noise of a float model (~1e-5).  Greedy replies are compared too, but they are not exact
+even on a float model: batch composition moves the float sums, so text can split late at a near-tie
+(DESIGN.md; llama.cpp PR #6950), and ``background`` times its preparations by measured rates.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import time
 from typing import List
 
 import httpx
+import numpy as np
 
 import pykvcompact as pk
 from pykvcompact.agent_demo import TOOLS, _script
@@ -45,6 +49,31 @@ def first_difference(a: List[str], b: List[str]) -> dict:
     x, y = (a[k] if k < len(a) else ""), (b[k] if k < len(b) else "")
     common = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
     return {"turn": k, "common_chars": common, "alone": x, "under_load": y}
+
+
+def kv_drift(engine, conv) -> "float | None":
+    """max |delta logit| between ``conv``'s live sequence one token further (a fork of its cells) and a fresh
+    prefill of the same tokens; None when the conversation has no live session (offloaded or gone)."""
+    if conv is None or not conv.lock.acquire(timeout=60):
+        return None
+    try:
+        if conv.session is None:
+            return None
+        seq = conv.session.sequence
+        toks = seq.tokens + [seq.tokens[-1]]
+        fork = seq.fork()
+        try:
+            fork.append(toks[-1:])
+            live = fork.logits()
+        finally:
+            fork.close()
+        fresh = engine.sequence(toks)
+        try:
+            return float(np.max(np.abs(live - fresh.logits())))
+        finally:
+            fresh.close()
+    finally:
+        conv.lock.release()
 
 
 def conversation(http: httpx.Client, cid: str, turns: int, offset: int, max_tokens: int) -> dict:
@@ -112,6 +141,7 @@ def run(engine, *, conversations: int = 8, turns: int = 10, window: int = 512, m
             t.join(timeout=max(0.0, deadline - time.perf_counter()))
         load_s = time.perf_counter() - t0
         hung = sum(t.is_alive() for t in threads)
+        drift = {cid: kv_drift(engine, srv.registry.get(cid)) for cid in ids if not hung}
         for cid in ids:
             http.delete(f"/sessions/{cid}")
         stats = engine.stats()
@@ -125,6 +155,7 @@ def run(engine, *, conversations: int = 8, turns: int = 10, window: int = 512, m
         "differing": {cid: first_difference(alone[cid]["replies"], together[cid]["replies"])
                       for cid in ids if cid in together and cid not in equal},
         "unfinished": [cid for cid in ids if cid not in together],
+        "kv_drift": drift,
         "requests": len(lat_load),
         "latency_ms_alone": {"p50": round(statistics.median(lat_alone), 1), "p99": round(percentile(lat_alone, 0.99), 1)},
         "latency_ms_load": ({"p50": round(statistics.median(lat_load), 1), "p99": round(percentile(lat_load, 0.99), 1)}
