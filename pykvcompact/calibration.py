@@ -6,7 +6,11 @@ its ROC AUC, and the threshold that best separates them.  The registry ships the
 (``ModelSpec.probe``).  A session whose ``Policy.threshold`` is ``None`` (the default) takes the model's
 calibrated threshold; where the probe carries no signal (AUC below :data:`MIN_AUC`) it does not ask the
 probe at all and compacts on the schedule (``hard``, and in ``background`` the preparation schedule),
-and says so.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.
+and says so.  Where no calibration point *without* the result cue reached the threshold (``needs_cue``), a
+probe asked without the cue rarely says COMPRESS, and mostly at the wrong moment (in the stored evaluation
+runs at window 2048, 9 of 778 cue-less probes did, 8 of them mid-sub-goal): the session asks it only after
+a tool output that states a result (``probe_skipped`` reason ``no_cue`` otherwise), which saves the
+prefill and suppresses those rare mid-sub-goal verdicts.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ class ProbeCalibration:
     points: int               # labelled points measured
     source: str               # the result file in the repository (bench/results/...)
     rubric: str = "boundary"  # the built-in rubric it was measured with (it applies to that one only)
+    # no calibration point without the result cue reached the threshold (bench/eval/calibrate.py: "without_cue")
+    needs_cue: bool = False
 
     @property
     def has_signal(self) -> bool:
@@ -56,6 +62,7 @@ class ProbeSettings:
     ask: bool
     threshold: float
     why: str                  # "" when asking; else the reason the probe is not asked
+    needs_cue: bool = False   # ask only after a tool output that states a result (ProbeCalibration.needs_cue)
 
     @classmethod
     def of(cls, policy, engine, labels=None) -> "ProbeSettings":
@@ -74,7 +81,8 @@ class ProbeSettings:
                        f"the probe carries no signal on this model (AUC {cal.auc:.2f} < {MIN_AUC} on {cal.points} "
                        f"labelled points, {cal.source}): the session compacts on the schedule instead; pass "
                        "Policy(threshold=...) to ask the probe anyway")
-        return cls(True, cal.threshold, "")
+        # without the cue to add (result_cue 0) the probability alone decides, wherever it is asked
+        return cls(True, cal.threshold, "", needs_cue=cal.needs_cue and policy.result_cue > 0)
 
 
 __all__ = ["ProbeCalibration", "ProbeSettings", "for_engine", "MIN_AUC", "DEFAULT_THRESHOLD"]

@@ -162,7 +162,8 @@ class Dropped(Event):
 @dataclass
 class ProbeSkipped(Event):
     """A probe was due but the model was not asked (``reason``: no_signal (its probe is not trusted on this
-    model: calibration.py), below_floor, no_cut_point, no_room, committing, failed)."""
+    model: calibration.py), no_cue (on this model the probe says COMPRESS only after a tool output that
+    states a result, and the last one did not), below_floor, no_cut_point, no_room, committing, failed)."""
     reason: str
     fill: float = 0.0
     trigger: str = "interval"

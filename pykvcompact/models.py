@@ -107,7 +107,8 @@ REGISTRY: Dict[str, ModelSpec] = {
             # threshold is Youden's on the score the verdict compares (p + the result cue): 0 of 125 mid
             # points, 20 of 25 boundaries. (The 10%-false-COMPRESS threshold of p alone, 0.5056, sat inside
             # the mid points' band: at window 2048 it said COMPRESS at 37 of 86 mid points.)
-            probe=ProbeCalibration(threshold=0.5941, auc=0.682, points=150, rubric="boundary",
+            # needs_cue: without the result cue p(COMPRESS) was at most 0.539 on 130 points (without_cue)
+            probe=ProbeCalibration(threshold=0.5941, auc=0.682, points=150, rubric="boundary", needs_cue=True,
                                    source="bench/results/calibration-qwen2.5-coder-1.5b.json"),
         ),
         ModelSpec(

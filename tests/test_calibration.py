@@ -34,15 +34,15 @@ def _engine(probe_p, name="qwen2.5-coder-1.5b"):
     return eng
 
 
-def _run(eng, tmp_path, **pol):
+def _run(eng, tmp_path, tool_output=lambda i: "result " * 30, steps=14, **pol):
     s = pk.Session(eng, system="You are a test.", history_dir=tmp_path,
                    policy=pk.Policy(mode="rubric", window=1400, summary_max_tokens=48, compact_tool=False,
                                     history_tool=False, probe_min_fill=0.0, **pol))
-    for i in range(14):
+    for i in range(steps):
         s.add([{"role": "user", "content": f"step {i} " + "word " * 30},
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": f"c{i}", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
-               {"role": "tool", "tool_call_id": f"c{i}", "content": "result " * 30}])
+               {"role": "tool", "tool_call_id": f"c{i}", "content": tool_output(i)}])
     return s
 
 
@@ -138,3 +138,60 @@ def test_threshold_at_a_bounded_false_positive_rate():
     t = calibrate.at_fpr(pos, neg, 0.1)
     assert t == {"threshold": 0.7, "tpr": 2 / 3, "fpr": 0.1}  # 0.8 is the one false positive allowed
     assert calibrate.at_fpr([0.1], [0.9], 0.1)["threshold"] == 1.0  # none possible: never COMPRESS
+
+
+def _every_third_states_a_result(i):
+    return f"Settled total for ACC-{i}: {100 + i}.25" if i % 3 == 2 else "record " * 30
+
+
+def test_a_model_that_needs_the_cue_is_asked_only_after_a_stated_result(registry, tmp_path):
+    """needs_cue: without the cue the calibrated probe did not say COMPRESS, so it is not asked there."""
+    registry("qwen2.5-coder-1.5b", ProbeCalibration(threshold=0.6, auc=0.7, points=100, source="x.json",
+                                                    needs_cue=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the model is asked: no warning
+        s = _run(_engine(0.45), tmp_path / "a", tool_output=_every_third_states_a_result, steps=8)
+    asked = [e for e in s.events if e.name == "probe"]
+    skipped = [e for e in s.events if e.name == "probe_skipped" and e.reason == "no_cue"]
+    assert asked and all(e.cue for e in asked), asked        # asked only where the cue fired
+    assert all(e.verdict == "COMPRESS" and e.reason == "model+cue" for e in asked)  # 0.45 + 0.2 >= 0.6
+    assert skipped and all(e.trigger in ("tool_result", "interval") for e in skipped)
+    assert len(asked) + len(skipped) >= 6
+    s.close()
+    # the cue switched off (result_cue=0) or an explicit threshold: the probability decides, asked anywhere
+    for name, pol in (("b", {"result_cue": 0.0}), ("c", {"threshold": 0.6})):
+        s = _run(_engine(0.45), tmp_path / name, tool_output=_every_third_states_a_result, steps=8, **pol)
+        assert not any(e.name == "probe_skipped" and e.reason == "no_cue" for e in s.events), name
+        assert any(e.name == "probe" and not e.cue for e in s.events), name
+        s.close()
+
+
+def test_the_report_says_whether_the_probe_needs_the_cue():
+    pts = [{"family": "ledger", "seed": 1, "step": i, "label": "boundary" if i % 3 == 2 else "mid",
+            "cue": i % 3 == 2, "p": {"boundary": 0.45 if i % 3 == 2 else 0.40}} for i in range(9)]
+    rep = calibrate.report(pts)
+    w = rep["variants"]["boundary+cue"]["without_cue"]
+    assert w["points"] == 6 and w["max_p"] == 0.40 and w["needs_cue"] and w["compress"] == {"boundary": 0, "mid": 0}
+    pts[0]["p"]["boundary"] = 0.9  # one point without the cue above the +cue threshold (0.65)
+    w = calibrate.report(pts)["variants"]["boundary+cue"]["without_cue"]
+    assert not w["needs_cue"] and w["compress"] == {"boundary": 0, "mid": 1}
+
+
+def test_the_shipped_needs_cue_is_what_its_calibration_measured():
+    import json
+    for spec in models.REGISTRY.values():
+        cal = spec.probe
+        if cal is None or not cal.needs_cue:
+            continue
+        data = json.loads((pathlib.Path(__file__).resolve().parents[1] / cal.source).read_text())
+        w = data["report"]["variants"][f"{cal.rubric}+cue"]["without_cue"]
+        assert w["needs_cue"] and w["points"] > 0, spec.name  # measured on cue-less points, not on none
+        assert w["max_p"] is not None and w["max_p"] < cal.threshold, spec.name
+
+
+def test_without_cue_claims_nothing_from_zero_cue_less_points():
+    """Every point carried the cue: there is no evidence about the probe without it, so no needs_cue."""
+    pts = [{"family": "ledger", "seed": 1, "step": i, "label": "boundary" if i % 3 == 2 else "mid", "cue": True,
+            "p": {"boundary": 0.45 if i % 3 == 2 else 0.40}} for i in range(9)]
+    w = calibrate.report(pts)["variants"]["boundary+cue"]["without_cue"]
+    assert w["points"] == 0 and w["max_p"] is None and not w["needs_cue"], w

@@ -67,19 +67,22 @@ def test_a_summary_of_empty_headings_carries_nothing_forward(tmp_path):
     check_invariants(s)
 
 
-def test_after_two_summaries_that_said_nothing_the_model_is_asked_again_only_every_fourth_time(tmp_path):
+def test_after_two_summaries_that_said_nothing_the_model_is_asked_again_after_3_then_6_12_24(tmp_path):
     asked = []
 
     def says():
         asked.append(1)
         return NOTHING
     eng, s = make("hard", tmp_path=tmp_path, window=700, responder=_responder(says))
-    _run(s, 120)
+    _run(s, 200)
     ready = [e for e in s.events if e.name == "summary_ready"]
-    assert len(ready) >= SAID_NOTHING_LIMIT + ASK_AGAIN_AFTER + 2, len(ready)
-    # the model wrote the first two; then 3 without it, then it is asked again, and so on
+    assert len(ready) >= SAID_NOTHING_LIMIT + 3 + 1 + 6 + 1 + 2, len(ready)
+    # the model wrote the first two; then 3 without it, then it is asked again (nothing again): 6 without
+    # it, then 12, then 24 and 24 from then on
     pattern = [not e.fallback for e in ready]
-    expect = [True] * SAID_NOTHING_LIMIT + ([False] * ASK_AGAIN_AFTER + [True]) * len(ready)
+    expect = [True] * SAID_NOTHING_LIMIT
+    for wait in [ASK_AGAIN_AFTER, 6, 12, 24] + [24] * len(ready):
+        expect += [False] * wait + [True]
     assert pattern == expect[:len(pattern)]
     assert len(asked) == sum(pattern)
     skipped = _failed(s, "uninformative")

@@ -12,8 +12,9 @@ score the session's verdict compares (``+cue``): p(COMPRESS) plus ``Policy.resul
 output that states a result (``pykvcompact/sessions/results.py``; deterministic, so ``--rescore`` adds it
 to an earlier run's points without asking the model again).
 
-The calibrated threshold and AUC go into ``pykvcompact/calibration.py`` by hand (the registry ships
-them), with this run's JSON in ``bench/results/``.
+The calibrated threshold, AUC and ``needs_cue`` (the ``+cue`` variant's ``without_cue``: no point without
+the cue reached its threshold) go into the registry (``pykvcompact/models.py``) by hand, with this run's
+JSON in ``bench/results/``.
 """
 from __future__ import annotations
 
@@ -128,8 +129,21 @@ def report(points: List[dict]) -> dict:
                         "mean_boundary": statistics.fmean(pos) if pos else None,
                         "mean_mid": statistics.fmean(neg) if neg else None,
                         **({"youden": youden(pos, neg), "fpr_0.1": at_fpr(pos, neg)} if pos and neg else {})}
+        if v.endswith("+cue") and "youden" in row["all"]:
+            row["without_cue"] = without_cue(points, base, row["all"]["youden"]["threshold"])
         out["variants"][v] = row
     return out
+
+
+def without_cue(points: List[dict], base: str, threshold: float) -> dict:
+    """The points after a tool output that states no result, against the ``+cue`` score's threshold: where
+    none of them reaches it (and there are some), the probe's COMPRESS comes only after a stated result
+    (``ProbeCalibration.needs_cue``: the session then asks only there)."""
+    ps = [p for p in points if not p["cue"]]
+    at = [p for p in ps if p["p"][base] >= threshold]
+    return {"threshold": threshold, "points": len(ps), "max_p": max((p["p"][base] for p in ps), default=None),
+            "compress": {lab: sum(p["label"] == lab for p in at) for lab in ("boundary", "mid")},
+            "needs_cue": bool(ps) and not at}
 
 
 def main(argv=None) -> int:

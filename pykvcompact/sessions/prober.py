@@ -62,8 +62,10 @@ class Prober:
             self.tools_since = 0
         n = len(self.ctx)
         fill = n / self.lim.window
+        cue = self.policy.result_cue > 0 and states_result([e.msg for e in self.ctx.entries])
         why = ("" if self.settings.ask else "no_signal") or probe_skip_reason(self.policy, self.lim, n) or \
-            ("" if has_cut else "no_cut_point") or ("committing" if committing else "")
+            ("" if has_cut else "no_cut_point") or ("committing" if committing else "") or \
+            ("no_cue" if self.settings.needs_cue and not cue else "")
         toks = [] if why else self.prompt_tokens()
         if not why and len(toks) + 8 > free_cells(self.ctx.engine):
             why = "no_room"  # a summary fork or a prepared context holds the pool right now
@@ -78,7 +80,6 @@ class Prober:
             self.emit(ev.ProbeSkipped("failed", fill, trigger))
             return "CONTINUE"
         p = float(probs.get(self.labels[0], float("nan")))
-        cue = self.policy.result_cue > 0 and states_result([e.msg for e in self.ctx.entries])
         v, reason = verdict(self.policy, self.lim, p, n, self.settings.threshold, cue=cue)
         self.emit(ev.Probe(v, p, len(toks), (time.perf_counter() - t0) * 1000.0, reason=reason, fill=fill,
                            trigger=trigger, cue=cue))

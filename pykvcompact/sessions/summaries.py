@@ -27,10 +27,12 @@ MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased contex
 SEARCH_POINTER = " search_history looks up any detail not listed here."
 MIN_MODEL_TOKENS = 32   # a model summary shorter than this is not worth its prompt's prefill
 # A model whose summaries say nothing new (novelty.py) is not asked after this many in a row, and asked again
-# after ASK_AGAIN_AFTER summaries without it (the history may hold more by then).  Measured on Qwen2.5-Coder-1.5B:
-# each of its summaries slowed the conversation's steps about threefold for three to five steps.
+# after ASK_AGAIN_AFTER summaries without it (the history may hold more by then); each re-ask that says
+# nothing again doubles the wait, up to ASK_AGAIN_MAX.  Measured on Qwen2.5-Coder-1.5B: each of its summaries
+# slowed the conversation's steps about threefold for three to five steps, and 21 of 21 said nothing new.
 SAID_NOTHING_LIMIT = 2
 ASK_AGAIN_AFTER = 3
+ASK_AGAIN_MAX = 24
 
 
 @dataclass
@@ -225,10 +227,16 @@ class SummaryMaker:
 
     def asks_model(self) -> bool:
         """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
-        nothing, until ASK_AGAIN_AFTER have been written without it (the schedule asks: without the model a
-        preparation only has the rebased context to prefill).  The counters change when a summary is used
-        (:meth:`_judge`)."""
-        return self.said_nothing < SAID_NOTHING_LIMIT or self.not_asked >= ASK_AGAIN_AFTER
+        nothing, until :meth:`ask_again_after` have been written without it (the schedule asks: without the
+        model a preparation only has the rebased context to prefill).  The counters change when a summary is
+        used (:meth:`_judge`)."""
+        return self.said_nothing < SAID_NOTHING_LIMIT or self.not_asked >= self.ask_again_after()
+
+    def ask_again_after(self) -> int:
+        """Summaries written without the model before it is asked again: ASK_AGAIN_AFTER, doubled by each
+        re-ask that said nothing new again (3, 6, 12, 24)."""
+        extra = max(0, self.said_nothing - SAID_NOTHING_LIMIT)
+        return min(ASK_AGAIN_MAX, ASK_AGAIN_AFTER << min(extra, 8))
 
     def spare(self, kept) -> int:
         """What the messages kept verbatim leave of their budget: standing instructions may use it."""
