@@ -31,7 +31,9 @@ def _tokens(eng: pk.Engine, n: int, seed: int) -> list:
 
 
 def measure(model: str, chunk: int, args) -> dict:
-    with pk.Engine(model, n_ctx=4096, n_seq_max=8, n_threads=args.threads, background_chunk_busy=chunk) as eng:
+    # the idle cap at least the busy one (the engine refuses a busy cap above it)
+    with pk.Engine(model, n_ctx=4096, n_seq_max=8, n_threads=args.threads, background_chunk=max(64, chunk),
+                   background_chunk_busy=chunk) as eng:
         seq = eng.sequence(_tokens(eng, args.context, 0))
         summary = _tokens(eng, args.summary, 1)
         keep_prefix, keep_from = args.context // 6, args.context - args.context // 6

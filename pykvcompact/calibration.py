@@ -7,10 +7,11 @@ its ROC AUC, and the threshold that best separates them.  The registry ships the
 calibrated threshold; where the probe carries no signal (AUC below :data:`MIN_AUC`) it does not ask the
 probe at all and compacts on the schedule (``hard``, and in ``background`` the preparation schedule),
 and says so.  Where no calibration point *without* the result cue reached the threshold (``needs_cue``), a
-probe asked without the cue rarely says COMPRESS, and mostly at the wrong moment (in the stored evaluation
-runs at window 2048, 9 of 778 cue-less probes did, 8 of them mid-sub-goal): the session asks it only after
-a tool output that states a result (``probe_skipped`` reason ``no_cue`` otherwise), which saves the
-prefill and suppresses those rare mid-sub-goal verdicts.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.
+probe asked without the cue rarely says COMPRESS, and mostly at the wrong moment (in the 15 stored
+evaluation runs at window 2048, 11 of 996 cue-less probes did, 10 of them mid-sub-goal): the session asks
+it only after a tool output that states a result (``probe_skipped`` reason ``no_cue`` otherwise), which
+saves the prefill and suppresses those rare mid-sub-goal verdicts.  An explicit ``Policy.threshold``
+always asks the probe and uses that threshold.
 """
 from __future__ import annotations
 

@@ -87,14 +87,15 @@ class Engine:
     ``None`` is the default model. ``use_extra_bufts`` turns on ggml's extra buffer types (AMX weight
     repacking); it is off because on some CPUs it crashes the process with SIGILL. ``flash_attn``:
     None lets llama.cpp decide, True/False force it (llama-cpp-python's ``Llama`` defaults to False).
-    Background work gets at most ``background_chunk_busy`` rows in a decode step that carries
-    foreground rows (each extra row delays the foreground token a little on a CPU) and up to
-    ``background_chunk`` rows when the foreground is idle.
+    Background work gets up to ``background_chunk`` rows in a decode step when the foreground is idle,
+    and at most ``background_chunk_busy`` rows in one that carries foreground rows (each extra row
+    delays the foreground token a little on a CPU); ``background_chunk_busy=None`` means 8, or
+    ``background_chunk`` if that is smaller, and a busy cap above ``background_chunk`` is refused.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_threads: int | None = None, seed: int = 0, *, n_batch: int = 512, background_chunk: int = 64,
-                 background_chunk_busy: int = 8,
+                 background_chunk_busy: int | None = None,
                  use_extra_bufts: bool = False, n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  verbose: bool = False):
         n_ctx = _check_int("n_ctx", n_ctx, 16)
@@ -107,7 +108,12 @@ class Engine:
         seed = _check_int("seed", seed, 0) % (2**32 - 1)
         n_batch = _check_int("n_batch", n_batch, 1)
         background_chunk = _check_int("background_chunk", background_chunk, 1)
-        background_chunk_busy = _check_int("background_chunk_busy", background_chunk_busy, 1)
+        background_chunk_busy = (min(8, background_chunk) if background_chunk_busy is None else
+                                 _check_int("background_chunk_busy", background_chunk_busy, 1))
+        if background_chunk_busy > background_chunk:  # the busy cap would be the larger: a swapped pair
+            raise ValueError(f"background_chunk_busy ({background_chunk_busy}) must be <= background_chunk "
+                             f"({background_chunk}): it caps background rows beside foreground work, which "
+                             "background_chunk caps when the foreground is idle")
         self.model_path = resolve_model(model)
         self.model_name = model if isinstance(model, str) and not os.path.exists(model) else (
             "qwen2.5-coder-1.5b" if model is None else str(model))

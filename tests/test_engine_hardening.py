@@ -208,6 +208,14 @@ def test_a_batch_smaller_than_the_sequence_count_is_refused_not_aborted(tiny_mod
         pk.Engine(tiny_model_path, n_ctx=256, n_seq_max=8, n_batch=4)
 
 
+def test_a_busy_background_cap_above_the_idle_one_is_refused(tiny_model_path):
+    # refused before the model loads; the default busy cap follows a smaller idle one
+    with pytest.raises(ValueError, match=r"background_chunk_busy \(16\) must be <= background_chunk \(8\)"):
+        pk.Engine(tiny_model_path, n_ctx=256, n_seq_max=2, background_chunk=8, background_chunk_busy=16)
+    with pk.Engine(tiny_model_path, n_ctx=256, n_seq_max=2, n_threads=1, background_chunk=4) as eng:
+        assert len(eng.sequence(text_tokens(eng, 8)).generate(1)) == 1
+
+
 def test_native_arguments_are_validated(engine):
     s = engine.sequence(text_tokens(engine, 4))
     native = engine._n

@@ -112,3 +112,21 @@ def test_what_is_not_an_eval_run_is_named(bad, says, tmp_path):
     with pytest.raises(SystemExit, match=says) as e:
         main([str(tmp_path / "sub" / "out"), str(path), "--no-plots"])
     assert "bad.json" in str(e.value)
+
+
+def test_a_stored_run_whose_probe_skipped_events_carry_no_reason_still_merges():
+    """Older result files have probe_skipped events without a reason: they pool, counted as "unknown"."""
+    path = RUN.parent / "eval-smollm2-135m-small.json"
+    run = json.loads(path.read_text())
+    pooled = merge([run], [path.name])
+    assert pooled["metrics"]
+
+
+def test_keep_recent_left_at_its_default_merges_with_the_same_value_given_and_not_with_another():
+    run = json.loads(RUN.read_text())
+    given = _split(run, run["meta"]["policies"][2:])
+    given["meta"]["settings"]["keep_recent"] = 0.10     # --keep-recent 0.1: the policy's default
+    assert merge([_split(run, run["meta"]["policies"][:2]), given])["episodes"]
+    given["meta"]["settings"]["keep_recent"] = 0.05
+    with pytest.raises(ValueError, match="keep_recent"):
+        merge([_split(run, run["meta"]["policies"][:2]), given])

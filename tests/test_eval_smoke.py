@@ -37,7 +37,7 @@ def test_scoring_is_normalised_whole_token_match():
     assert carries("Verified facts: R1 = 2447", "2447") and not carries("R1 = 244", "2447")
 
 
-def test_policy_names_with_the_search_suffix():
+def test_policy_names_with_the_search_suffix(capsys):
     from bench.eval.__main__ import parse
     from bench.eval.policies import is_known
     assert is_known("background+search") and is_known("hard") and not is_known("peer+search")
@@ -45,12 +45,17 @@ def test_policy_names_with_the_search_suffix():
     assert parse(["--policies", "hard,background+search"]).policies == ["hard", "background+search"]
     with pytest.raises(SystemExit):
         parse(["--policies", "peer+search"])
+    err = capsys.readouterr().err   # the error names the suffixes too, not only the base policies
+    assert "unknown ['peer+search']" in err and "+search" in err.split("choose from")[1] and "+noprobe" in err
 
 
 def test_background_without_the_probe():
     from bench.eval.__main__ import parse
     from bench.eval.policies import Settings, is_known, make_policy
     assert is_known("background+noprobe") and not is_known("hard+noprobe") and not is_known("peer+noprobe")
+    assert is_known("background+noprobe+search") and not is_known("background+search+noprobe")
+    assert make_policy("background+noprobe+search", "ledger", Settings()).history_tool is True
+    assert not is_known("hard+search+search") and not is_known("+search")
     with pytest.raises(SystemExit):
         parse(["--policies", "rubric+noprobe"])
     off, on = (make_policy(n, "ledger", Settings()) for n in ("background+noprobe", "background"))
@@ -58,6 +63,19 @@ def test_background_without_the_probe():
     import pykvcompact.policy as P
     assert not P.probe_due(off, generated_since_probe=10 ** 6, tool_results_since_probe=50, after_tool_result=True)
     assert P.probe_due(on, tool_results_since_probe=1, after_tool_result=True)
+
+
+def test_keep_recent_reaches_the_summarizing_policies_and_a_bad_one_is_refused_before_loading(capsys):
+    from bench.eval.__main__ import main
+    from bench.eval.policies import Settings, make_policy
+    s = Settings(keep_recent=0.05)
+    assert all(make_policy(n, "ledger", s).keep_recent == 0.05 for n in ("fixed", "hard", "background", "tool"))
+    assert make_policy("hard", "ledger", Settings()).keep_recent == 0.10  # None: the policy's default
+    with pytest.raises(SystemExit, match="policy 'fixed'.*keep_recent"):
+        main(["--keep-recent", "0.4", "--policies", "hard,fixed", "--model", "/nonexistent.gguf"])
+    # window 2048, hard 1740: ceil(0.7 * 2048) = 1434 + the 256-token summary + its message >= 1740
+    with pytest.raises(SystemExit, match="invalid settings for policy 'hard'"):
+        main(["--keep-recent", "0.7", "--policies", "hard", "--model", "/nonexistent.gguf"])
 
 
 def _consistent(m: dict) -> None:
@@ -68,6 +86,10 @@ def _consistent(m: dict) -> None:
     assert t["prefill"] > 0 and t["decode"] > 0 and min(t.values()) >= 0
     assert t["total"] == t["prefill"] + t["decode"] + t["probe"] + t["background"]
     assert m["compactions_at_boundary"] + m["compactions_mid"] <= m["compactions"]  # + the questions phase
+    # every episode records its sub-goal boundaries; each compacted one holds a compaction at a boundary
+    assert m["boundaries"] >= m["episodes"]
+    assert m["boundaries_compacted"] <= min(m["compactions_at_boundary"], m["boundaries"],
+                                            m["compactions_boundary_ceiling"])
     assert m["fact_recall_mean"] is None or 0.0 <= m["fact_recall_mean"] <= 1.0
     assert m["probe_auc"] is None or 0.0 <= m["probe_auc"] <= 1.0
 

@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from .families import FAMILIES
-from .policies import POLICIES, Settings, full_window, is_known
+from .policies import NO_PROBE, POLICIES, SEARCH, Settings, full_window, is_known, make_policy
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
@@ -36,6 +36,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="seconds each scripted tool call takes (0: instant; the engine is idle meanwhile)")
     ap.add_argument("--rebase", choices=("exact", "splice"), default="exact",
                     help="Policy.rebase of the summarizing modes (splice: only where the model can shift)")
+    ap.add_argument("--keep-recent", type=float, default=None, metavar="F",
+                    help="Policy.keep_recent of the summarizing modes: the share of the window kept raw")
     ap.add_argument("--out", default=None, help="output prefix (default bench/results/eval-MODEL[-quick])")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--peer-timeout", type=float, default=6 * 3600)
@@ -45,7 +47,10 @@ def parse(argv=None) -> argparse.Namespace:
         vals = [v for v in getattr(args, name).split(",") if v]
         bad = [v for v in vals if not (v in allowed or (name == "policies" and is_known(v)))]
         if bad or not vals:
-            ap.error(f"--{name}: unknown {bad or 'empty'}; choose from {', '.join(allowed)}")
+            extra = (f" (suffixes: {SEARCH} on any but full and peer, {NO_PROBE} on background; both: "
+                     f"background{NO_PROBE}{SEARCH})"
+                     if name == "policies" else "")
+            ap.error(f"--{name}: unknown {bad or 'empty'}; choose from {', '.join(allowed)}{extra}")
         setattr(args, name, vals)
     return args
 
@@ -63,6 +68,14 @@ def main(argv=None) -> int:
         raise SystemExit(f"--tool-latency must be a finite number of seconds >= 0, got {args.tool_latency}")
     settings.tool_latency = args.tool_latency
     settings.rebase = args.rebase
+    settings.keep_recent = args.keep_recent
+    try:  # every policy's own checks and its window's budget, before any model is loaded
+        for name in args.policies:
+            if name != "peer":
+                policy = make_policy(name, args.families[0], settings)
+                policy.limits(policy.window)
+    except ValueError as exc:
+        raise SystemExit(f"invalid settings for policy {name!r}: {exc}")
     tag = ("-quick" if args.quick else "") + ("-splice" if args.rebase == "splice" else "")
     out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{tag}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))

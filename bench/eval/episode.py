@@ -56,6 +56,10 @@ class Episode:
     questions: List[Question]
     facts: List[Fact] = field(default_factory=list)
 
+    def boundaries(self) -> int:
+        """Sub-goal boundaries: the steps whose output closes a sub-goal (good moments to compact)."""
+        return sum(s.closes for s in self.steps)
+
     def established_before(self, n_steps: int) -> List[Fact]:
         """Facts stated by the first user message or by the first ``n_steps`` steps' outputs."""
         return [f for f in self.facts if f.step < n_steps]

@@ -20,9 +20,18 @@ from . import metrics, report
 # before a setting existed ran with its default
 COMPARED = {"window": None, "ratio": None, "reply_tokens": None, "answer_tokens": None,
             "summary_max_tokens": None, "probe_every": None, "compact_tool": None, "rubric": None,
-            "tool_latency": 0.0, "rebase": "exact"}
+            "tool_latency": 0.0, "rebase": "exact", "keep_recent": None}
 REQUIRED_META = ("model", "date", "families", "policies", "duration_s", "settings")
 REQUIRED_EPISODE = ("family", "seed", "policy")
+
+
+def _setting(settings: dict, key: str, default):
+    """A run's value of a compared setting; keep_recent None is the policy's default (the same episodes)."""
+    value = settings.get(key, default)
+    if key == "keep_recent" and value is None:
+        from pykvcompact.policy import Policy
+        return Policy().keep_recent
+    return value
 
 
 def check(run, name: str) -> None:
@@ -56,7 +65,7 @@ def merge(runs: List[dict], names: List[str] = ()) -> dict:
         if bool(meta.get("quick")) != bool(first.get("quick")):
             raise ValueError(f"a --quick run and a full one ({names[0]}, {name}): their episodes differ in shape")
         for key, default in COMPARED.items():
-            a, b = first["settings"].get(key, default), meta["settings"].get(key, default)
+            a, b = (_setting(run_meta["settings"], key, default) for run_meta in (first, meta))
             if a != b:
                 raise ValueError(f"runs with different settings: {key} is {a!r} in {names[0]} and {b!r} in {name}")
         for ep in run["episodes"]:

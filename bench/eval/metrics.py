@@ -42,6 +42,22 @@ def _mean(xs: List[float]) -> Optional[float]:
     return statistics.fmean(xs) if xs else None
 
 
+def boundary_use(results: List[dict]) -> dict:
+    """How the compactions met the sub-goal boundaries.  ``boundaries_compacted``: boundaries at which at
+    least one compaction happened, of ``boundaries``.  ``compactions_boundary_ceiling``: the most of the
+    compactions that could have been at distinct boundaries, as many per episode as the policy made (min(its
+    compactions, its boundaries) per episode, the questions phase's included): where a sub-goal holds more
+    tokens than a compaction frees, some compactions must fall inside it, whatever decides when.  It bounds
+    ``boundaries_compacted``, not ``compactions_at_boundary`` (two compactions can meet one boundary)."""
+    if any("boundaries" not in r for r in results):   # a result file written before they were recorded
+        return {"boundaries": None, "boundaries_compacted": None, "compactions_boundary_ceiling": None}
+    # a swap before the first step's output (at -1) is at no sub-goal boundary the episode counts
+    used = sum(len({at for c in r["compactions"] if c["phase"] == "boundary" and (at := c.get("at", c["step"])) >= 0})
+               for r in results)
+    return {"boundaries": sum(r["boundaries"] for r in results), "boundaries_compacted": used,
+            "compactions_boundary_ceiling": sum(min(len(r["compactions"]), r["boundaries"]) for r in results)}
+
+
 def summarize(results: List[dict]) -> dict:
     """One row of metrics for a group of episode results."""
     answers = [a for r in results for a in r["answers"]]
@@ -62,6 +78,7 @@ def summarize(results: List[dict]) -> dict:
         "compactions": len(comps),
         "compactions_at_boundary": sum(c["phase"] == "boundary" for c in comps),
         "compactions_mid": sum(c["phase"] == "mid" for c in comps),
+        **boundary_use(results),
         "compaction_fill_mean": _mean([c["fill"] for c in comps]),
         # the cost of keeping the user's messages verbatim: tokens per rebased context (issue 12)
         "summary_tokens_mean": _mean([c.get("summary_tokens", 0) for c in comps if c["kind"] == "rebased"]),
@@ -71,6 +88,9 @@ def summarize(results: List[dict]) -> dict:
         "stalls_ms_max": max(stalls) if stalls else None,
         "stalls_ms_median": statistics.median(stalls) if stalls else None,
         "probes": len(probes),
+        # due but not asked, by reason (no_cue: the model's probe says COMPRESS only after a stated result)
+        "probes_skipped": dict(sorted(_counts(e.get("reason") or "unknown" for r in results for e in r.get("events", [])
+                                              if e["name"] == "probe_skipped").items())),
         "search_calls": sum(r.get("search_calls", 0) for r in results),
         "search_found": sum(r.get("search_found", 0) for r in results),
         "probe_auc": auc([p["p"] for p in probes if p["label"] == "boundary"],

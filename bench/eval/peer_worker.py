@@ -26,7 +26,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
     def note(step, state_step, did):
         if did:
             c = h.compactions[-1]
-            compactions.append({"step": step, "phase": rec.phase(state_step), "fill": c["fill"], "trigger": "hard",
+            compactions.append({"step": step, "at": state_step, "phase": rec.phase(state_step), "fill": c["fill"], "trigger": "hard",
                                 "kind": "rebased", "stall_ms": c["stall_ms"], "fallback": False})
             gone = {m.get("content") for m in h.dropped}
             sources = {-1: ep.task, **{i: s.output for i, s in enumerate(ep.steps)}}
@@ -54,7 +54,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
                 answers=answers, tokens=tokens, peer_truncated_messages=h.truncated, model_tool_calls=0,
                 model_tool_calls_matched=0,
                 compactions=compactions, probes=[], summaries=summaries,
-                stalls_ms=[c["stall_ms"] for c in compactions], timeline=rec.timeline,
+                stalls_ms=[c["stall_ms"] for c in compactions], timeline=rec.timeline, boundaries=ep.boundaries(),
                 events=[{"t": None, "name": "rebased", "step": c["step"]} for c in compactions])
 
 

@@ -15,10 +15,13 @@ NO_PROBE = "+noprobe"   # a suffix of background: the schedule alone, the probe 
 
 
 def is_known(name: str) -> bool:
+    """A policy name: one of POLICIES, ``background+noprobe``, and either with ``+search`` (not full, peer)."""
+    if name.endswith(SEARCH):
+        base = name[:-len(SEARCH)]
+        return base not in ("full", "peer") and not base.endswith(SEARCH) and is_known(base)
     if name.endswith(NO_PROBE):
         return name[:-len(NO_PROBE)] == "background"
-    base = name[:-len(SEARCH)] if name.endswith(SEARCH) else name
-    return base in POLICIES and not (name.endswith(SEARCH) and base in ("full", "peer"))
+    return name in POLICIES
 RUBRIC_OF_FAMILY = {"ledger": "default", "search": "search", "code": "coding", "math": "math",
                     "instructions": "default"}
 
@@ -35,6 +38,7 @@ class Settings:
     rubric: str = "boundary"       # the probe's rubric ("family": each family's own, RUBRIC_OF_FAMILY)
     tool_latency: float = 0.0      # seconds each scripted tool call takes (the engine is idle meanwhile)
     rebase: str = "exact"          # the summarizing modes' Policy.rebase ("splice": the tail's cells shifted)
+    keep_recent: Optional[float] = None   # the summarizing modes' Policy.keep_recent (None: its default)
 
     @classmethod
     def quick(cls) -> "Settings":
@@ -64,6 +68,8 @@ def make_policy(name: str, family: str, settings: Settings):
         return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool, **common)
     if no_probe:
         common.update(probe_on_tool_result=False, probe_every=2 ** 31)
+    if settings.keep_recent is not None:
+        common.update(keep_recent=settings.keep_recent)
     if name in ("fixed", "hard", "rubric", "background"):
         return pk.Policy(mode=name, window=settings.window, compact_tool=settings.compact_tool,
                          rebase=settings.rebase, **common)

@@ -52,7 +52,7 @@ class Recorder:
                 trig = getattr(e, "trigger", "window")
                 at = step - 1 if (adding and trig not in AFTER_OUTPUT) else step
                 fill = e.tokens_before / self.window if e.name == "rebased" else last_fill
-                self.compactions.append({"step": step, "phase": self.phase(at), "fill": round(fill, 4),
+                self.compactions.append({"step": step, "at": at, "phase": self.phase(at), "fill": round(fill, 4),
                                          "trigger": trig, "kind": e.name,
                                          "stall_ms": getattr(e, "stall_ms", 0.0),
                                          "fallback": bool(getattr(e, "fallback", False)),
@@ -81,7 +81,8 @@ class Recorder:
 
     def result(self) -> dict:
         return {"compactions": self.compactions, "probes": self.probes, "summaries": self.summaries,
-                "stalls_ms": self.stalls_ms, "timeline": self.timeline, "events": self.events}
+                "stalls_ms": self.stalls_ms, "timeline": self.timeline, "events": self.events,
+                "boundaries": self.ep.boundaries()}
 
 
 def recall_mean(summaries: List[dict]) -> Optional[float]:

@@ -27,9 +27,9 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
         lines.append(f"| {pol} | " + " | ".join(cells) + " |")
     lines += ["", "## Cost and compaction (all families)", "",
               "| policy | tokens/episode | prefill | decode | probe | background | wall s/episode | compactions "
-              "| at boundary | by trigger | mean fill | summary tok | kept verbatim tok | fact recall | probe AUC "
-              "(with result cue) | worst stall ms | history searches (found an answer) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| at boundary | boundaries compacted (at most) | by trigger | mean fill | summary tok | kept verbatim tok "
+              "| fact recall | probe AUC (with result cue) | worst stall ms | history searches (found an answer) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for pol in policies:
         m = metrics.get(pol, {}).get("all")
         if not m:
@@ -38,12 +38,18 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
         lines.append(
             f"| {pol} | {t['total'] / e:.0f} | {t['prefill'] / e:.0f} | {t['decode'] / e:.0f} | "
             f"{t['probe'] / e:.0f} | {t['background'] / e:.0f} | {_f(m['wall_s_per_episode'], '{:.1f}')} | "
-            f"{m['compactions']} | {m['compactions_at_boundary']} | {_triggers(m)} | {_f(m['compaction_fill_mean'])} | "
+            f"{m['compactions']} | {m['compactions_at_boundary']} | "
+            f"{_of(m.get('boundaries_compacted'), m.get('boundaries'))} ({_f(m.get('compactions_boundary_ceiling'), '{}')}) | "
+            f"{_triggers(m)} | {_f(m['compaction_fill_mean'])} | "
             f"{_f(m.get('summary_tokens_mean'), '{:.0f}')} | {_f(m.get('kept_tokens_mean'), '{:.0f}')} | "
             f"{_f(m['fact_recall_mean'])} | {_f(m['probe_auc'])} ({_f(m.get('probe_auc_cue'))}) | "
             f"{_f(m['stalls_ms_max'], '{:.0f}')} | "
             f"{m.get('search_calls', 0)} ({m.get('search_found', 0)}) |")
     return "\n".join(lines) + "\n"
+
+
+def _of(k, n) -> str:
+    return "-" if k is None or n is None else f"{k}/{n}"
 
 
 def _triggers(m: dict) -> str:
