@@ -76,11 +76,12 @@ def transcript_text() -> tuple[str, str]:
 
 def build_job(args) -> dict:
     """Tokenize once here (vocabulary only: no context, no thread pool) so both sides get the same ids."""
-    import llama_cpp
     import pykvcompact as pk
 
     model_path = str(pk.resolve_model(args.model))
-    voc = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+    from pykvcompact.remote.llama_cpp_peer import load_llama
+
+    voc = load_llama(model_path, vocab_only=True, verbose=False)
     tok = lambda s: voc.tokenize(s.encode(), add_bos=False, special=True)  # noqa: E731
     text, source = transcript_text()
     system, body = tok(SYSTEM), tok(text)
@@ -98,6 +99,7 @@ def build_job(args) -> dict:
         "label_tokens": [tok(x) for x in labels],
         "fixed_summary": tok(text[-4000:])[:summary_tokens],  # a deterministic stand-in of summary length
         "n_ctx_ours": 8192, "n_ctx_peer": 4096, "n_ctx_peer_bg": 2048,
+        "use_extra_bufts": bool(args.extra_bufts),   # both sides alike (like for like)
     }
     voc.close()
     return job
@@ -164,6 +166,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="smoke run: small contexts, 1 round")
     ap.add_argument("--before", action="store_true", help="ours = the frozen build (same as PKV_IMPL=before)")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per worker process")
+    ap.add_argument("--extra-bufts", action="store_true",
+                    help="turn ggml's extra buffer types (AMX repacking) on for both sides; off by default, as in "
+                         "Engine: they crash quantized models on some AMX CPUs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     impl = "before" if args.before or os.environ.get("PKV_IMPL") == "before" else "live"
@@ -172,6 +177,10 @@ def main(argv=None) -> dict:
               "ours_impl": impl, "model": args.model, "quick": args.quick, "repeats": repeats,
               "machine": machine_info(), "loadavg_start": os.getloadavg(), "unit": "ms (bg_speed_ratio: x)"}
     job = build_job(args)
+    from pykvcompact.remote.llama_cpp_peer import setting_line
+
+    result["peer_setting"] = setting_line(job["use_extra_bufts"])
+    print(result["peer_setting"], file=sys.stderr)
     result["setup"] = {k: v for k, v in job.items() if not isinstance(v, list) or k in ("contexts", "labels")}
     result["setup"].update({"transcript_len": len(job["transcript"]), "probe_len": len(job["probe"]),
                             "summarizer_prompt_len": len(job["summarizer_prompt"])})

@@ -18,14 +18,18 @@ import time
 import llama_cpp
 import numpy as np
 
+from pykvcompact.remote.llama_cpp_peer import load_llama
+
 
 def now_ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
 def make_llama(J, n_ctx: int) -> llama_cpp.Llama:
-    return llama_cpp.Llama(J["model_path"], n_ctx=n_ctx, n_threads=J["n_threads"], n_threads_batch=J["n_threads"],
-                           n_batch=512, flash_attn=False, verbose=False)
+    """The peer, with ggml's extra buffer types as our Engine has them (off unless the job asks)."""
+    return load_llama(J["model_path"], use_extra_bufts=bool(J.get("use_extra_bufts", False)), n_ctx=n_ctx,
+                      n_threads=J["n_threads"], n_threads_batch=J["n_threads"], n_batch=512, flash_attn=False,
+                      verbose=False)
 
 
 def refresh(llm, toks: list[int], n: int) -> None:

@@ -116,7 +116,8 @@ def main(job_path: str, out_path: str) -> None:
     J = json.load(open(job_path))
     toks, (L1, L3) = J["transcript"], J["contexts"]
     t0 = time.perf_counter()
-    kw = dict(n_ctx=J["n_ctx_ours"], n_seq_max=8, n_threads=J["n_threads"], flash_attn=False)
+    kw = dict(n_ctx=J["n_ctx_ours"], n_seq_max=8, n_threads=J["n_threads"], flash_attn=False,
+              use_extra_bufts=bool(J.get("use_extra_bufts", False)))
     eng = pk.Engine(J["model"], **kw)
     out = {"load_ms": now_ms(t0)}
     info = {"impl_file": pk.__file__, "version": getattr(pk, "__version__", None), "n_ctx": eng.n_ctx,

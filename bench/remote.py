@@ -34,6 +34,7 @@ import time
 
 import pykvcompact as pk
 from pykvcompact.chat_template import ChatTemplate
+from pykvcompact.remote.llama_cpp_peer import server_command
 from pykvcompact.rubrics import load as load_rubric
 from pykvcompact.sessions.prober import PROBE_PROMPT
 
@@ -44,9 +45,10 @@ def start_server(model: str, threads: int, n_ctx: int):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(os.path.join(tempfile.mkdtemp(prefix="pykvcompact-remote-bench-"), "server.log"), "wb")
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", path, "--model_alias", "bench", "--host",
-           "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
-           "--n_threads_batch", str(threads), "--interrupt_requests", "false"]
+    # through our launcher: ggml's extra buffer types off, as in Engine (AMX CPUs crash without it)
+    cmd = server_command(["--model", path, "--model_alias", "bench", "--host", "127.0.0.1", "--port", str(port),
+                          "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                          "--interrupt_requests", "false"])
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     from pykvcompact.remote.http import HttpClient

@@ -24,6 +24,7 @@ import pytest
 
 import pykvcompact as pk
 from conftest import SMOLLM_AVAILABLE
+from pykvcompact.remote.llama_cpp_peer import server_command
 from pykvcompact import events
 from pykvcompact.remote import RemoteConnectionError, RemoteHTTPError, RemoteTimeoutError
 from pykvcompact.remote.http import HttpClient
@@ -432,9 +433,10 @@ def llama_server(tmp_path_factory):
     port = free_port()
     threads = str(pk.physical_cores())
     log = tmp_path_factory.mktemp("llama_server") / "server.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--model_alias", "smollm2-135m",
-           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", threads,
-           "--n_threads_batch", threads, "--interrupt_requests", "false"]
+    # through our launcher: ggml's extra buffer types off, as in Engine (AMX CPUs crash without it)
+    cmd = server_command(["--model", model, "--model_alias", "smollm2-135m", "--host", "127.0.0.1", "--port",
+                          str(port), "--n_ctx", "4096", "--n_threads", threads, "--n_threads_batch", threads,
+                          "--interrupt_requests", "false"])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}/v1"
@@ -452,7 +454,7 @@ def llama_server(tmp_path_factory):
                     pytest.fail(f"the server did not answer within 90 s: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
         http.close()
-        yield url
+        yield url, log
     finally:
         proc.terminate()
         try:
@@ -463,7 +465,18 @@ def llama_server(tmp_path_factory):
 
 
 @needs_server
+def test_the_server_loaded_its_model_with_our_ggml_setting(llama_server):
+    """The fixture starts llama-cpp-python's server through pykvcompact.remote.llama_cpp_peer: its model
+    has ggml's extra buffer types off, as Engine has them (checked in its log, on any CPU)."""
+    _, log = llama_server
+    text = log.read_text(errors="replace")
+    assert "extra buffer types (AMX repacking) off" in text
+    assert "llama_cpp_peer: loaded" in text and "use_extra_bufts=False" in text and "use_extra_bufts=True" not in text
+
+
+@needs_server
 def test_remote_engine_verbs_against_llama_cpp_server(llama_server):
+    llama_server, _ = llama_server
     local = pk.RemoteEngine(llama_server, "smollm2-135m", tokenizer="smollm2-135m", n_ctx=4096)
     remote_tok = pk.RemoteEngine(llama_server, "smollm2-135m", n_ctx=4096)  # the server's /extras endpoints
     try:
@@ -510,6 +523,7 @@ def filler(i: int) -> str:
 
 @needs_server
 def test_session_compacts_through_remote_engine(llama_server, tmp_path):
+    llama_server, _ = llama_server
     eng = pk.RemoteEngine(llama_server, "smollm2-135m", tokenizer="smollm2-135m", n_ctx=4096)
     s = pk.Session(eng, system="You are a concise assistant. Answer in one short sentence.",
                    policy=pk.Policy(mode="background", window=768, summary_max_tokens=32, probe_every=32,

@@ -212,28 +212,11 @@ def write_gguf(path: Union[str, os.PathLike], arch: str, seed: int, kv: Callable
 
 
 def llama_no_extra_bufts(model_path: Union[str, os.PathLike], **kwargs: Any) -> "llama_cpp.Llama":
-    """``llama_cpp.Llama(model_path, **kwargs)`` with ``use_extra_bufts = False``.
+    """``llama_cpp.Llama(model_path, **kwargs)`` with ``use_extra_bufts = False``, as our Engine loads models
+    (quantized models crash in ggml's AMX/repack kernels on some CPUs): the package's own loader."""
+    from pykvcompact.remote.llama_cpp_peer import load_llama
 
-    On this machine quantized models (SmolLM2 Q4_1) crash in ggml's AMX/repack kernels when extra
-    buffer types are on, and ``Llama()`` has no argument for it (unknown kwargs are swallowed): it
-    builds its params from ``llama_cpp.llama_cpp.llama_model_default_params()`` and loads the model
-    inside ``__init__``, so that function is patched for the duration of the constructor.
-    """
-    import llama_cpp
-
-    mod = llama_cpp.llama_cpp
-    orig = mod.llama_model_default_params
-
-    def default_params_without_extra_bufts():  # type: ignore[no-untyped-def]
-        params = orig()
-        params.use_extra_bufts = False
-        return params
-
-    mod.llama_model_default_params = default_params_without_extra_bufts
-    try:
-        llm = llama_cpp.Llama(model_path=os.fspath(model_path), **kwargs)
-    finally:
-        mod.llama_model_default_params = orig
+    llm = load_llama(model_path, use_extra_bufts=False, **kwargs)
     assert llm.model_params.use_extra_bufts is False
     return llm
 

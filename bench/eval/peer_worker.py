@@ -59,13 +59,15 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
 
 
 def main(job_path: str, out_path: str) -> None:
-    import llama_cpp
     from pykvcompact.chat_template import ChatTemplate
+    from pykvcompact.remote.llama_cpp_peer import load_llama, setting_line
 
     job = json.load(open(job_path))
-    llm = llama_cpp.Llama(job["model_path"], n_ctx=job["window"] + job["summary_tokens"] + 512,
-                          n_threads=job["n_threads"], n_threads_batch=job["n_threads"], n_batch=512,
-                          flash_attn=False, verbose=False)
+    # ggml's extra buffer types off, as in our Engine (they crash quantized models on some AMX CPUs)
+    print(setting_line(bool(job.get("use_extra_bufts", False))), file=sys.stderr)
+    llm = load_llama(job["model_path"], use_extra_bufts=bool(job.get("use_extra_bufts", False)),
+                     n_ctx=job["window"] + job["summary_tokens"] + 512, n_threads=job["n_threads"],
+                     n_threads_batch=job["n_threads"], n_batch=512, flash_attn=False, verbose=False)
     meta = llm.metadata
     piece = lambda t: llm.detokenize([t]).decode("utf-8", errors="ignore") if t >= 0 else ""  # noqa: E731
     template = ChatTemplate(meta.get("tokenizer.chat_template"), bos_token=piece(llm.token_bos()),

@@ -3,10 +3,10 @@ caching (vLLM, SGLang, llama-server, llama-cpp-python's server).  See :mod:`.eng
 from __future__ import annotations
 
 from .engine import RemoteEngine
-from .errors import RemoteConnectionError, RemoteError, RemoteHTTPError, RemoteProtocolError, RemoteTimeoutError
+from .errors import RemoteConnectionError, RemoteDisconnectedError, RemoteError, RemoteHTTPError, RemoteProtocolError, RemoteTimeoutError
 from .jobs import RemoteJob, RemoteRebase
 from .local_tokenizer import LocalTokenizer
 from .sequence import RemoteSequence
 
 __all__ = ["RemoteEngine", "RemoteSequence", "RemoteJob", "RemoteRebase", "LocalTokenizer", "RemoteError",
-           "RemoteConnectionError", "RemoteHTTPError", "RemoteTimeoutError", "RemoteProtocolError"]
+           "RemoteConnectionError", "RemoteDisconnectedError", "RemoteHTTPError", "RemoteTimeoutError", "RemoteProtocolError"]

@@ -23,9 +23,27 @@ class RemoteError(EngineError):
 class RemoteConnectionError(RemoteError):
     """The server could not be reached (refused, reset, DNS, TLS)."""
 
-    def __init__(self, url: str, reason: str):
-        super().__init__(f"cannot reach the server at {url}: {reason} (is it running? check base_url)", url=url)
+    def __init__(self, url: str, reason: str, message: Optional[str] = None):
+        super().__init__(message or f"cannot reach the server at {url}: {reason} (is it running? check base_url)",
+                         url=url)
         self.reason = reason
+
+
+class RemoteDisconnectedError(RemoteConnectionError):
+    """The server accepted the request, then closed the connection before its answer was complete.
+    ``alive``: whether the server answered a check right after (False: it most likely crashed)."""
+
+    def __init__(self, url: str, reason: str, alive: bool):
+        if alive:
+            what = ("the server at {url} closed the connection before its answer was complete, and still "
+                    "answers: the request may have killed one of its workers or hit a proxy's limit (see the "
+                    "server's log): {reason}")
+        else:
+            what = ("the server at {url} closed the connection before its answer was complete, and no longer "
+                    "answers: it may have crashed (see its log; on a CPU with AMX, start llama-cpp-python's "
+                    "server with python -m pykvcompact.remote.llama_cpp_peer): {reason}")
+        super().__init__(url, reason, what.format(url=url, reason=reason))
+        self.alive = alive
 
 
 class RemoteTimeoutError(RemoteError, TimeoutError):
@@ -54,4 +72,4 @@ class RemoteProtocolError(RemoteError):
     """The server's answer is not what the OpenAI-compatible API returns (bad JSON, missing fields)."""
 
 
-__all__ = ["RemoteError", "RemoteConnectionError", "RemoteTimeoutError", "RemoteHTTPError", "RemoteProtocolError"]
+__all__ = ["RemoteError", "RemoteConnectionError", "RemoteDisconnectedError", "RemoteTimeoutError", "RemoteHTTPError", "RemoteProtocolError"]

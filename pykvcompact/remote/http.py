@@ -11,9 +11,12 @@ import json
 import socket
 import sys
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from .errors import RemoteConnectionError, RemoteHTTPError, RemoteProtocolError, RemoteTimeoutError
+from .errors import (RemoteConnectionError, RemoteDisconnectedError, RemoteHTTPError, RemoteProtocolError,
+                     RemoteTimeoutError)
+
+ALIVE_CHECK_TIMEOUT = 3.0   # seconds for the check that follows a connection lost mid-response
 
 
 
@@ -36,8 +39,10 @@ class Stream:
     """An open server-sent-event stream: iterate for the ``data:`` payloads (parsed JSON; ``[DONE]`` ends
     it); ``close()`` from any thread aborts the request."""
 
-    def __init__(self, url: str, lines: Iterator[bytes], closer, timeout: Optional[float]):
+    def __init__(self, url: str, lines: Iterator[bytes], closer, timeout: Optional[float],
+                 answers: Optional[Callable[[], bool]] = None):
         self.url, self._lines, self._closer, self.timeout = url, lines, closer, timeout
+        self._answers = answers
         self.closed = False
         self._lock = threading.Lock()
 
@@ -64,7 +69,7 @@ class Stream:
         except Exception as e:  # noqa: BLE001 - the transport's own errors, mapped below
             if self.closed:
                 return  # closed from another thread: the read fails, that is the cancel
-            raise _map_error(e, self.url, self.timeout) from e
+            raise _map_error(e, self.url, self.timeout, self._answers) from e
         finally:
             self.close()
 
@@ -79,9 +84,31 @@ class Stream:
             pass
 
 
-def _map_error(e: BaseException, url: str, timeout: Optional[float]) -> BaseException:
+def _lost_mid_response(e: BaseException) -> bool:
+    """The connection was open and the request sent, then the server closed it before the answer was
+    complete (a crash, a killed worker): not a server that could not be reached."""
+    import http.client
+
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return True
+    reason = getattr(e, "reason", None)
+    return isinstance(e, (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError,
+                          BrokenPipeError)) or isinstance(reason, (http.client.RemoteDisconnected, ConnectionResetError))
+
+
+def _map_error(e: BaseException, url: str, timeout: Optional[float],
+               answers: Optional[Callable[[], bool]] = None) -> BaseException:
+    """The transport's exception ``e`` as one of ours.  ``answers``: checks whether the server still answers,
+    asked when the connection was lost mid-response, so the message can say the server may have crashed."""
     if isinstance(e, (RemoteConnectionError, RemoteHTTPError, RemoteTimeoutError, RemoteProtocolError)):
         return e
+    if answers is not None and _lost_mid_response(e):
+        try:
+            alive = bool(answers())
+        except Exception:  # noqa: BLE001 - the check itself failed: the server does not answer
+            alive = False
+        return RemoteDisconnectedError(url, f"{type(e).__name__}: {e}", alive)
     httpx = sys.modules.get("httpx")
     if httpx is not None:
         if isinstance(e, httpx.TimeoutException):
@@ -122,6 +149,22 @@ class HttpClient:
     def url(self, path: str) -> str:
         return self.root + path
 
+    def answers(self, timeout: float = ALIVE_CHECK_TIMEOUT) -> bool:
+        """Does the server answer at all (any HTTP status counts)?  A fresh connection, outside the pool,
+        so a broken pooled connection cannot make a live server look dead."""
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.url("/v1/models"), headers=self.headers, method="GET")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the user's server URL
+                resp.read(1)
+            return True
+        except urllib.error.HTTPError:
+            return True
+        except Exception:  # noqa: BLE001 - refused, reset, timed out: it does not answer
+            return False
+
     # ------------------------------------------------------------------ requests
     def post(self, path: str, body: dict, timeout: Optional[float] = None) -> dict:
         return self._json("POST", path, body, timeout)
@@ -135,7 +178,7 @@ class HttpClient:
             try:
                 r = self._client.request(method, url, json=body, timeout=self._hx.Timeout(t, connect=self.connect_timeout))
             except Exception as e:  # noqa: BLE001
-                raise _map_error(e, url, t) from e
+                raise _map_error(e, url, t, self.answers) from e
             if r.status_code >= 400:
                 raise RemoteHTTPError(url, r.status_code, r.text)
             text = r.text
@@ -144,7 +187,7 @@ class HttpClient:
             try:
                 text = resp.read().decode("utf-8", errors="replace")
             except Exception as e:  # noqa: BLE001
-                raise _map_error(e, url, t) from e
+                raise _map_error(e, url, t, self.answers) from e
             finally:
                 resp.close()
         try:
@@ -159,16 +202,16 @@ class HttpClient:
             try:
                 r = self._client.send(req, stream=True)
             except Exception as e:  # noqa: BLE001
-                raise _map_error(e, url, t) from e
+                raise _map_error(e, url, t, self.answers) from e
             if r.status_code >= 400:
                 try:
                     text = r.read().decode("utf-8", errors="replace")
                 finally:
                     r.close()
                 raise RemoteHTTPError(url, r.status_code, text)
-            return Stream(url, r.iter_lines(), r.close, t)
+            return Stream(url, r.iter_lines(), r.close, t, self.answers)
         resp = self._urlopen("POST", url, body, t)
-        return Stream(url, iter(resp.readline, b""), resp.close, t)
+        return Stream(url, iter(resp.readline, b""), resp.close, t, self.answers)
 
     def _urlopen(self, method: str, url: str, body: Optional[dict], timeout: float):
         import urllib.error
@@ -184,7 +227,7 @@ class HttpClient:
                 text = ""
             raise RemoteHTTPError(url, e.code, text) from None
         except Exception as e:  # noqa: BLE001
-            raise _map_error(e, url, timeout) from e
+            raise _map_error(e, url, timeout, self.answers) from e
 
     def close(self) -> None:
         if self._client is not None:
