@@ -6,36 +6,46 @@ its ROC AUC, and the threshold that best separates them.  The registry ships the
 (``ModelSpec.probe``).  A session whose ``Policy.threshold`` is ``None`` (the default) takes the model's
 calibrated threshold; where the probe carries no signal (AUC below :data:`MIN_AUC`) it does not ask the
 probe at all and compacts on the schedule (``hard``, and in ``background`` the preparation schedule),
-and says so.  Where no calibration point *without* the result cue reached the threshold (``needs_cue``), a
-probe asked without the cue rarely says COMPRESS, and mostly at the wrong moment (in the 15 stored
-evaluation runs at window 2048, 11 of 996 cue-less probes did, 10 of them mid-sub-goal): the session asks
-it only after a tool output that states a result (``probe_skipped`` reason ``no_cue`` otherwise), which
-saves the prefill and suppresses those rare mid-sub-goal verdicts.  An explicit ``Policy.threshold``
-always asks the probe and uses that threshold.
+and says so.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.
+
+The figures that decide are measured *out of family*: ``bench/eval/calibrate.py --lofo`` fits the threshold
+(Youden's J) on all families but one and scores the held-out one, for each family in turn; ``auc`` is the
+pooled AUC of the held-out scores, ``lofo_tpr``/``lofo_fpr`` the held-out rates at the thresholds fit
+without them, ``tuned_on`` the families the shipped threshold was fit on.  No cue read from the wording of
+a tool's output enters a calibration (the structural cue of ``sessions/cue.py`` has its own weight,
+``Policy.cue_weight``).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 DEFAULT_THRESHOLD = 0.5   # uncalibrated models (a path, a remote server)
 MIN_AUC = 0.6             # below: boundaries and mid-sub-goal points are not told apart
+# held out, at a threshold that keeps false COMPRESS to 10% on the families it was fit on, the probe must
+# find boundaries this much more often than it says COMPRESS mid-sub-goal (TPR - FPR); a false COMPRESS
+# summarizes work in progress, so a probe useful only at a high false-COMPRESS rate is not used
+MIN_HELD_OUT_J = 0.2
 
 
 @dataclass(frozen=True)
 class ProbeCalibration:
-    threshold: float          # p(COMPRESS) at or above this says COMPRESS (at most 10% of mid points do)
-    auc: float                # ROC AUC of p(COMPRESS), boundary against mid-sub-goal points
+    threshold: float          # p(COMPRESS) at or above this says COMPRESS (Youden's J on the tuned_on families)
+    auc: float                # ROC AUC of p(COMPRESS), boundary against mid points (pooled, held-out families)
     points: int               # labelled points measured
     source: str               # the result file in the repository (bench/results/...)
     rubric: str = "boundary"  # the built-in rubric it was measured with (it applies to that one only)
-    # no calibration point without the result cue reached the threshold (bench/eval/calibrate.py: "without_cue")
-    needs_cue: bool = False
+    tuned_on: Tuple[str, ...] = ()   # the task families the threshold was fit on
+    lofo_tpr: Optional[float] = None  # leave-one-family-out: boundaries said COMPRESS, pooled over held-out families
+    lofo_fpr: Optional[float] = None  # ... and mid-sub-goal points said COMPRESS
+    note: str = ""                   # what the measurement means for the session, in words
+    # leave-one-family-out TPR - FPR at the threshold that keeps false COMPRESS <= 10% on the other families
+    held_out_j: Optional[float] = None
 
     @property
     def has_signal(self) -> bool:
-        return self.auc >= MIN_AUC
+        return self.auc >= MIN_AUC and (self.held_out_j is None or self.held_out_j >= MIN_HELD_OUT_J)
 
 
 def for_engine(engine) -> Optional[ProbeCalibration]:
@@ -63,7 +73,6 @@ class ProbeSettings:
     ask: bool
     threshold: float
     why: str                  # "" when asking; else the reason the probe is not asked
-    needs_cue: bool = False   # ask only after a tool output that states a result (ProbeCalibration.needs_cue)
 
     @classmethod
     def of(cls, policy, engine, labels=None) -> "ProbeSettings":
@@ -78,12 +87,13 @@ class ProbeSettings:
         if cal is None:
             return cls(True, DEFAULT_THRESHOLD, "")
         if not cal.has_signal:
+            held = "" if cal.held_out_j is None else (
+                f", held-out TPR-FPR {cal.held_out_j:.2f} < {MIN_HELD_OUT_J} at 10% false COMPRESS")
             return cls(False, cal.threshold,
-                       f"the probe carries no signal on this model (AUC {cal.auc:.2f} < {MIN_AUC} on {cal.points} "
-                       f"labelled points, {cal.source}): the session compacts on the schedule instead; pass "
-                       "Policy(threshold=...) to ask the probe anyway")
-        # without the cue to add (result_cue 0) the probability alone decides, wherever it is asked
-        return cls(True, cal.threshold, "", needs_cue=cal.needs_cue and policy.result_cue > 0)
+                       f"the probe carries no signal on this model (AUC {cal.auc:.2f}, minimum {MIN_AUC}{held}; "
+                       f"{cal.points} labelled points, {cal.source}): the session compacts on the schedule instead; "
+                       "pass Policy(threshold=...) to ask the probe anyway")
+        return cls(True, cal.threshold, "")
 
 
-__all__ = ["ProbeCalibration", "ProbeSettings", "for_engine", "MIN_AUC", "DEFAULT_THRESHOLD"]
+__all__ = ["ProbeCalibration", "ProbeSettings", "for_engine", "MIN_AUC", "MIN_HELD_OUT_J", "DEFAULT_THRESHOLD"]

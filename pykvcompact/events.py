@@ -12,8 +12,8 @@ from ``session.stream`` in the order they happen.  The spec'd fields come first,
 - ``tool_refused(fill)``
 
 plus a few extra ones that make the policy observable (``summary_failed``, ``preparation_restarted``,
-``dropped``, ``probe_skipped``, ``compaction_skipped``).  Every due probe is an event: ``probe`` when the
-model was asked, ``probe_skipped`` (with the reason) when it was not.
+``dropped``, ``probe_skipped``, ``compaction_skipped``, ``history_searched``, ``recalled``).  Every due
+probe is an event: ``probe`` when the model was asked, ``probe_skipped`` (with the reason) when it was not.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Probe(Event):
     reason: str = "model"          # "model" (label probabilities), "model+cue", or the rule that overrode it
     fill: float = 0.0
     trigger: str = "interval"      # "interval" | "tool_result"
-    cue: bool = False              # the last tool output stated a result (Policy.result_cue was added)
+    cue: bool = False              # a structural cue held (sessions/cue.py); Policy.cue_weight was added
     t: float = field(default_factory=time.time)
     name = "probe"
 
@@ -131,6 +131,43 @@ class HistorySearched(Event):
 
 
 @dataclass
+class Recalled(Event):
+    """A new message named things (``names``) that only the offloaded history held: the session placed
+    ``lines`` of it (``tokens`` tokens, the ``search_history`` ranking) in the live context before the reply,
+    as a ``tool`` message flagged ``"recall": True`` (``sessions/recall.py``)."""
+    names: List[str]
+    lines: int
+    tokens: int
+    fill: float = 0.0
+    t: float = field(default_factory=time.time)
+    name = "recalled"
+
+
+@dataclass
+class Noted(Event):
+    """The model noted, on a fork in the background, which lines of the tool result at transcript index
+    ``message`` the task will need (``lines``, copied verbatim: ``sessions/notes.py``); a summary replacing
+    that result keeps them with the priority of the assistant's own statements."""
+    message: int
+    lines: List[str]
+    prompt_tokens: int
+    tokens: int
+    ms: float
+    t: float = field(default_factory=time.time)
+    name = "noted"
+
+
+@dataclass
+class NoteSkipped(Event):
+    """No note for the tool result at ``message``: ``reason`` is no_room (the pool's cells are in use),
+    empty (the model copied no line of the output), or failed: ... (the engine refused the job)."""
+    message: int
+    reason: str
+    t: float = field(default_factory=time.time)
+    name = "note_skipped"
+
+
+@dataclass
 class ReplyFollows(Event):
     """The session answered the model's own tool calls (``tools``: their names) and the model replies
     again within the same call: a stream's text so far was one reply, the next begins now."""
@@ -162,7 +199,7 @@ class Dropped(Event):
 @dataclass
 class ProbeSkipped(Event):
     """A probe was due but the model was not asked (``reason``: no_signal (its probe is not trusted on this
-    model: calibration.py), no_cue (on this model the probe says COMPRESS only after a tool output that
+    model: calibration.py) (on this model the probe says COMPRESS only after a tool output that
     states a result, and the last one did not), below_floor, no_cut_point, no_room, committing, failed)."""
     reason: str
     fill: float = 0.0
@@ -210,12 +247,15 @@ probe_skipped = ProbeSkipped
 compaction_skipped = CompactionSkipped
 kept_over_budget = KeptOverBudget
 history_searched = HistorySearched
+recalled = Recalled
+noted = Noted
+note_skipped = NoteSkipped
 reply_follows = ReplyFollows
 
 ALL = {c.name: c for c in (Probe, SummaryStarted, SummaryReady, SummaryFailed, Rebased, Offloaded,
                            ToolRefused, PreparationRestarted, Dropped, ProbeSkipped, CompactionSkipped,
-                           KeptOverBudget, HistorySearched, ReplyFollows)}
+                           KeptOverBudget, HistorySearched, Recalled, Noted, NoteSkipped, ReplyFollows)}
 
 __all__ = ["Event", "Probe", "SummaryStarted", "SummaryReady", "SummaryFailed", "Rebased", "Offloaded",
            "ToolRefused", "PreparationRestarted", "Dropped", "ProbeSkipped",
-           "CompactionSkipped", "KeptOverBudget", "HistorySearched", "ReplyFollows", "ALL"]
+           "CompactionSkipped", "KeptOverBudget", "HistorySearched", "Recalled", "Noted", "NoteSkipped", "ReplyFollows", "ALL"]

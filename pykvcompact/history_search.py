@@ -6,6 +6,9 @@ offload files.  The query's words, numbers, ids and paths are matched against th
 messages (case-insensitive); lines are ranked by the rarity of the terms they contain (BM25's idf: a term
 found on every line, like "total", counts for little, an account id for a lot) and returned grouped by
 message, newest first within a score, within a token budget so that a result never crowds out the work.
+A tool result's lines also get half the weight of the terms its call's arguments match (the call names the
+file or the account; the line with the value does not repeat it): "max_pool_size services/auth/config.toml"
+ranks the auth config's ``max_pool_size = 47`` above the same key in another file.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ _TERM = re.compile(r"[\w][\w.\-/:]*[\w]|[\w]")
 MAX_TERMS = 24          # a longer query is searched by its first 24 terms
 QUOTE = 60              # characters of the query quoted back in a result
 LONG_LINE = 240         # characters: a longer line is shown as an excerpt around its rarest match
+CALL_WEIGHT = 0.5       # of a term's weight, for a tool result's line whose call's arguments match the term
 
 
 def is_search_call(call: dict) -> bool:
@@ -103,6 +107,20 @@ def _text(msg: dict) -> str:
     return "\n".join(parts)
 
 
+def _calls_of(messages: Sequence[Tuple[int, dict]]) -> dict:
+    """``id(tool result message) -> "name(arguments)"``: the call each result answers, the nearest one before
+    it with its id (ids repeat: ``call_0`` after a restart)."""
+    latest, out = {}, {}
+    for _, m in messages:
+        for tc in m.get("tool_calls") or []:
+            f = tc.get("function", {}) if isinstance(tc, dict) else {}
+            if isinstance(f, dict) and tc.get("id") is not None:
+                latest[str(tc["id"])] = f"{f.get('name', '?')}({f.get('arguments', '')})"
+        if m.get("role") == "tool" and str(m.get("tool_call_id", "")) in latest:
+            out[id(m)] = latest[str(m.get("tool_call_id", ""))]
+    return out
+
+
 def searchable(msg: dict) -> bool:
     return not (msg.get("role") == "tool" and msg.get("name") == NAME)
 
@@ -157,6 +175,12 @@ def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: i
     for t, h in hits.items():
         for k in h:
             score[k] = score.get(k, 0.0) + idf.get(t, 0.0)
+    calls = _calls_of(messages)
+    for k in list(score):   # a line that matches on its own also gets what its call's arguments match
+        msg, line = lines[k][1], lines[k][2]
+        call = calls.get(id(msg))
+        if call:
+            score[k] += CALL_WEIGHT * sum(w for t, w in idf.items() if pats[t].search(call) and not pats[t].search(line))
     scored = sorted(((sc, lines[k][0], k) for k, sc in score.items()), key=lambda x: (-x[0], -x[1], x[2]))
     # the excerpt of a long line centres on its rarest term: fewest occurrences in all the lines
     occurrences = {t: sum(len(pats[t].findall(lines[k][2])) for k in hits[t]) for t in idf}

@@ -21,11 +21,13 @@ Modes (``Policy.mode``), as in the SelfCompact paper plus our background prepara
     predicted time to ``hard`` against predicted preparation time, never later than ``soft``) and the
     rebased context is prefilled; COMPRESS, the tool or ``hard`` commits it.
 
-In the probing modes a tool output that states a result (a value in a one- or two-line output, or a
-conclusive line: ``sessions/results.py``) adds ``result_cue`` to p(COMPRESS): the rubric's first reason to
-compress is a sub-goal that just closed, and a small model's probability alone separates such moments
-from the middle of a sub-goal only weakly (AUC 0.68 on Qwen2.5-Coder-1.5B).  At the window edge an
-    unfinished summary is waited for at most ``max_stall_ms``, then the deterministic fallback is used.
+In the probing modes a *structural* cue adds ``cue_weight`` to p(COMPRESS): the assistant just answered
+without calling a tool, or a user message arrived since the last probe (``sessions/cue.py``; true of every
+agent, never the wording of a tool's output).  Its default weight is 0: on the stored calibration points of
+the default model the cue did not separate boundaries better than p alone (``bench/eval/calibrate.py
+--lofo``); the session still reports it on every ``probe`` event (``cue``).  ``result_cue`` is the
+deprecated name of ``cue_weight`` (accepted, no error).  At the window edge an unfinished summary is waited
+for at most ``max_stall_ms``, then the deterministic fallback is used.
 
 Thresholds are fractions of each mode's own trigger (``fixed_at`` in ``fixed``, ``hard`` otherwise, the
 window in ``none``): the tool refuses below ``tool_min_fill`` x trigger, probes are skipped below
@@ -38,6 +40,7 @@ Cells: ``n_ctx`` is one pool shared by every sequence, so the window is not the 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -70,7 +73,7 @@ class Policy:
     probe_on_tool_result: bool = True
     rubric: str = "boundary"             # the rubric measured best on the default model (calibration.py)
     threshold: Optional[float] = None    # None: the model's calibrated threshold (calibration.py)
-    result_cue: float = 0.2              # added to p(COMPRESS) when the last tool output states a result
+    cue_weight: float = 0.0              # added to p(COMPRESS) at a structural cue (sessions/cue.py); see above
     rebase: str = "exact"
     compact_tool: bool = True
     history_tool: Optional[bool] = None  # offer search_history (None: when the window is None or >= 1024)
@@ -86,6 +89,8 @@ class Policy:
     summary_retries: int = 1             # retries after a failed attempt before the deterministic fallback
     chunk_tokens: int = 16               # generation chunk between fill checks / probe checks
     min_summary_span: Optional[int] = None  # min non-summary tokens a summary must cover (None: auto)
+    notes: Optional[bool] = None         # the model notes each tool result's lines the task needs, in the
+                                         # background (sessions/notes.py); None: in background mode
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -93,7 +98,7 @@ class Policy:
         if self.rebase not in REBASE_MODES:
             raise ValueError(f"Policy.rebase must be one of {REBASE_MODES}, got {self.rebase!r}")
         for name in ("hard", "soft", "fixed_at", "keep_recent", "tool_min_fill", "threshold", "probe_min_fill",
-                     "early_start", "result_cue"):
+                     "early_start", "cue_weight"):
             v = getattr(self, name)
             if v is None and name == "threshold":
                 continue
@@ -125,6 +130,11 @@ class Policy:
             raise ValueError(f"Policy.max_stall_ms must be a number >= 0, got {self.max_stall_ms!r}")
         if not isinstance(self.compact_tool, bool):
             raise ValueError(f"Policy.compact_tool must be True or False, got {self.compact_tool!r}")
+        if self.notes is not None and not isinstance(self.notes, bool):
+            raise ValueError(f"Policy.notes must be True, False or None (in background mode), got {self.notes!r}")
+        if self.notes is True and self.mode != "background":
+            raise ValueError(f"Policy.notes=True needs mode='background' (a synchronous mode would wait for each "
+                             f"note), got mode={self.mode!r}; leave notes=None")
         if self.history_tool is not None and not isinstance(self.history_tool, bool):
             raise ValueError(f"Policy.history_tool must be True, False or None (auto), got {self.history_tool!r}")
         from . import rubrics
@@ -142,6 +152,12 @@ class Policy:
         return self.mode in SUMMARIZING_MODES
 
     @property
+    def takes_notes(self) -> bool:
+        """The model notes tool results in the background: only in background mode (a synchronous mode
+        would wait for each note), unless ``notes=False``."""
+        return self.mode == "background" and self.notes is not False
+
+    @property
     def offers_tool(self) -> bool:
         return self.compact_tool and self.mode in TOOL_MODES
 
@@ -154,7 +170,19 @@ class Policy:
         return self.window is None or self.window >= SEARCH_MIN_WINDOW
 
     def with_(self, **kw) -> "Policy":
+        if "result_cue" in kw:  # the deprecated name
+            kw["cue_weight"] = kw.pop("result_cue")
         return replace(self, **kw)
+
+    @property
+    def result_cue(self) -> float:
+        """Deprecated name of :attr:`cue_weight` (it meant a cue read from a tool output's wording; it is now
+        the structural cue's weight)."""
+        return self.cue_weight
+
+    @result_cue.setter
+    def result_cue(self, value: float) -> None:
+        self.cue_weight = value
 
     def summary_tokens(self, window: int) -> int:
         """The summary budget: the explicit value, or 1/8 of the window (at most 512, at least 32)."""
@@ -171,6 +199,20 @@ class Policy:
 
     def limits(self, window: int) -> "Limits":
         return Limits.of(self, window)
+
+
+def _accept_result_cue(init):
+    """``Policy(result_cue=x)`` (the deprecated name) means ``Policy(cue_weight=x)``; it wins over a
+    ``cue_weight`` passed with it (``dataclasses.replace(p, result_cue=x)`` passes both)."""
+    @functools.wraps(init)
+    def __init__(self, *args, result_cue=None, **kw):
+        if result_cue is not None:
+            kw["cue_weight"] = result_cue
+        init(self, *args, **kw)
+    return __init__
+
+
+Policy.__init__ = _accept_result_cue(Policy.__init__)
 
 
 @dataclass(frozen=True)
@@ -274,9 +316,9 @@ def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int, threshold: O
             cue: bool = False) -> tuple:
     """(verdict, reason). The label probability decides, above the probe floor (``probe_min_fill`` x the
     mode's trigger): below it there is nothing worth compacting, whatever the model says.  ``threshold``:
-    the session's (the policy's, else the model's calibrated one, else 0.5).  ``cue``: the last tool output
-    stated a result (``sessions/results.py``), which adds ``result_cue`` to p(COMPRESS) (reason
-    ``model+cue`` when that decided it)."""
+    the session's (the policy's, else the model's calibrated one, else 0.5).  ``cue``: a structural cue
+    (``sessions/cue.py``) holds, which adds ``cue_weight`` to p(COMPRESS) (reason ``model+cue`` when that
+    decided it)."""
     if tokens < lim.probe_min:
         return "CONTINUE", "below_floor"
     if p_compress != p_compress:  # NaN
@@ -284,7 +326,7 @@ def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int, threshold: O
     t = threshold if threshold is not None else p.threshold if p.threshold is not None else 0.5
     if p_compress >= t:
         return "COMPRESS", "model"
-    if cue and p_compress + p.result_cue >= t:
+    if cue and p.cue_weight > 0 and p_compress + p.cue_weight >= t:
         return "COMPRESS", "model+cue"
     return "CONTINUE", "model"
 

@@ -36,6 +36,7 @@ from .history import HistoryFile, check_session_id
 from .policy import SEARCH_MIN_WINDOW, Policy
 from .sessions.calls import CallLoop, tool_names
 from .sessions.compact_tool import CompactTool
+from .sessions.recall import Recall, default_budget as default_recall_budget
 from .sessions.search_tool import SearchTool
 from .sessions.compactor import Compactor
 from .sessions.context import Context
@@ -56,16 +57,24 @@ class Session(CallLoop):
     """A chat session on ``engine`` under ``policy``.
 
     ``Session(engine, *, system=None, policy=Policy(), session_id=None, history_dir="conversation_history",
-    tools=None)``.  Use :meth:`chat` (OpenAI chat-completion dict), :meth:`stream` (text deltas and events),
-    :meth:`compact` (``/compact``), :meth:`add` (messages without a reply), :meth:`pin`; read
-    :attr:`events`, :attr:`fill`, :attr:`transcript`, :attr:`messages`, :attr:`window`.
+    tools=None, recall_tokens=None)``.  Use :meth:`chat` (OpenAI chat-completion dict), :meth:`stream` (text
+    deltas and events), :meth:`compact` (``/compact``), :meth:`add` (messages without a reply), :meth:`pin`;
+    read :attr:`events`, :attr:`fill`, :attr:`transcript`, :attr:`messages`, :attr:`window`.
+
+    ``recall_tokens``: when a new user message or tool call names something (a path, key, id, number,
+    quoted string) that only the offloaded history holds, up to this many tokens of its best matching
+    lines are placed in the context before the reply (``sessions/recall.py``; a ``recalled`` event).
+    ``None``: ``min(128, window // 16)``; ``0``: never.
     """
 
     def __init__(self, engine, *, system: Optional[str] = None, policy: Optional[Policy] = None,
                  session_id: Optional[str] = None, history_dir="conversation_history", tools=None,
                  template: Optional[ChatTemplate] = None, summarizer: Optional[Summarizer] = None,
-                 labels: Sequence[str] = LABELS, _resume=None):
+                 labels: Sequence[str] = LABELS, recall_tokens: Optional[int] = None, _resume=None):
         policy = Policy() if policy is None else policy
+        if recall_tokens is not None and (not isinstance(recall_tokens, int) or isinstance(recall_tokens, bool)
+                                          or recall_tokens < 0):
+            raise ValueError(f"recall_tokens must be an int >= 0 or None, got {recall_tokens!r}")
         if not isinstance(policy, Policy):
             raise TypeError("policy must be a pykvcompact.Policy")
         if system is not None and not isinstance(system, str):
@@ -117,6 +126,9 @@ class Session(CallLoop):
         self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
         self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
+        self.recall_tokens = default_recall_budget(self.window) if recall_tokens is None else recall_tokens
+        self._recall = Recall(self._ctx, self._ledger, self.recall_tokens, self._emit, self._append, self.window,
+                              lambda: self._offer_search and history_search.NAME not in self._caller_tool_names)
         self._ledger.describe = self._maker.describe
         self._maker.searchable = self._offer_search and history_search.NAME not in self._caller_tool_names
         try:
@@ -251,7 +263,7 @@ class Session(CallLoop):
         after a crash).  The transcript, pins, summaries and live context come back as they were; the KV
         state is loaded when the snapshot is current and was saved by the same model, context size and
         library version, else the live context is prefilled again (``resumed["kv"]`` says which).
-        ``kwargs`` (``summarizer``, ``labels``, ``template``) as for the constructor."""
+        ``kwargs`` (``summarizer``, ``labels``, ``template``, ``recall_tokens``) as for the constructor."""
         from .sessions.persist import load_session
         return load_session(cls, engine, path, **kwargs)
 
@@ -291,6 +303,8 @@ class Session(CallLoop):
         self._closed = True
         if hasattr(self, "_compactor"):
             self._compactor.cancel(None)
+        if hasattr(self, "_maker"):
+            self._maker.notes.close()
         if hasattr(self, "_ctx"):
             self._ctx.close()
         if hasattr(self, "_release"):

@@ -27,6 +27,10 @@ def default_responder(prompt: str) -> str:
         # a new fact each time, or the session stops asking the model (sessions/novelty.py)
         n = next(_SUMMARIES)
         return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
+    if "Which lines of the tool output above" in last_user:   # a note (sessions/notes.py): its second line
+        output = prompt.rsplit("<|im_start|>tool\n", 1)[-1].split("<|im_end|>", 1)[0]
+        lines = [x.strip() for x in output.split("\n") if x.strip()]
+        return lines[1] if len(lines) > 1 else ""
     n = prompt.count("<|im_start|>assistant")
     return f"Reply number {n}: noted and done."
 

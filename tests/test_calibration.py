@@ -144,54 +144,168 @@ def _every_third_states_a_result(i):
     return f"Settled total for ACC-{i}: {100 + i}.25" if i % 3 == 2 else "record " * 30
 
 
-def test_a_model_that_needs_the_cue_is_asked_only_after_a_stated_result(registry, tmp_path):
-    """needs_cue: without the cue the calibrated probe did not say COMPRESS, so it is not asked there."""
-    registry("qwen2.5-coder-1.5b", ProbeCalibration(threshold=0.6, auc=0.7, points=100, source="x.json",
-                                                    needs_cue=True))
+def test_a_calibrated_model_is_asked_wherever_the_cadence_says_whatever_the_output_says(registry, tmp_path):
+    """No probe waits for a tool output's wording (the removed needs_cue): a stated result and a page of
+    records are asked alike, and the verdict is the probability against the calibrated threshold."""
+    registry("qwen2.5-coder-1.5b", ProbeCalibration(threshold=0.6, auc=0.7, points=100, source="x.json"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the model is asked: no warning
-        s = _run(_engine(0.45), tmp_path / "a", tool_output=_every_third_states_a_result, steps=8)
+        s = _run(_engine(0.45), tmp_path / "a", tool_output=_every_third_states_a_result, steps=8, cue_weight=0.2)
     asked = [e for e in s.events if e.name == "probe"]
-    skipped = [e for e in s.events if e.name == "probe_skipped" and e.reason == "no_cue"]
-    assert asked and all(e.cue for e in asked), asked        # asked only where the cue fired
-    assert all(e.verdict == "COMPRESS" and e.reason == "model+cue" for e in asked)  # 0.45 + 0.2 >= 0.6
-    assert skipped and all(e.trigger in ("tool_result", "interval") for e in skipped)
-    assert len(asked) + len(skipped) >= 6
+    assert len(asked) >= 6
+    assert not any(e.name == "probe_skipped" and e.reason not in ("no_cut_point", "below_floor") for e in s.events)
+    # each step brings a user message (structure): the cue holds at every probe, 0.45 + 0.2 >= 0.6
+    assert all(e.cue and (e.verdict, e.reason) == ("COMPRESS", "model+cue") for e in asked)
     s.close()
-    # the cue switched off (result_cue=0) or an explicit threshold: the probability decides, asked anywhere
-    for name, pol in (("b", {"result_cue": 0.0}), ("c", {"threshold": 0.6})):
-        s = _run(_engine(0.45), tmp_path / name, tool_output=_every_third_states_a_result, steps=8, **pol)
-        assert not any(e.name == "probe_skipped" and e.reason == "no_cue" for e in s.events), name
-        assert any(e.name == "probe" and not e.cue for e in s.events), name
-        s.close()
+    # the default weight (0): the probability alone decides, CONTINUE everywhere, the cue still reported
+    s = _run(_engine(0.45), tmp_path / "b", tool_output=_every_third_states_a_result, steps=8)
+    asked = [e for e in s.events if e.name == "probe"]
+    assert asked and all(e.cue and (e.verdict, e.reason) == ("CONTINUE", "model") for e in asked)
+    s.close()
 
 
-def test_the_report_says_whether_the_probe_needs_the_cue():
+def test_settings_of_a_model_without_signal_out_of_family():
+    """A registry entry whose pooled leave-one-family-out AUC is below MIN_AUC: not asked, and says why."""
+    cal = ProbeCalibration(threshold=0.45, auc=0.55, points=150, source="x.json",
+                           tuned_on=("ledger", "search"), lofo_tpr=0.4, lofo_fpr=0.35)
+    assert not cal.has_signal
+
+    class Local:
+        model_name, model_path = "qwen2.5-coder-1.5b", "/x/qwen.gguf"
+
+    import pykvcompact.models as M
+    old = M.REGISTRY["qwen2.5-coder-1.5b"]
+    M.REGISTRY["qwen2.5-coder-1.5b"] = dataclasses.replace(old, probe=cal)
+    try:
+        st = ProbeSettings.of(pk.Policy(), Local())
+        assert not st.ask and "no signal" in st.why and "AUC 0.55" in st.why and st.threshold == 0.45
+        assert ProbeSettings.of(pk.Policy(threshold=0.5), Local()) == ProbeSettings(True, 0.5, "")
+    finally:
+        M.REGISTRY["qwen2.5-coder-1.5b"] = old
+
+
+def _pts(family, boundary, mid, cue=None):
+    out = [{"family": family, "seed": 1, "step": i, "label": "boundary", "p": {"boundary": x}}
+           for i, x in enumerate(boundary)]
+    out += [{"family": family, "seed": 1, "step": 10 + i, "label": "mid", "p": {"boundary": x}}
+            for i, x in enumerate(mid)]
+    for p in out:
+        p["structural"] = "" if cue is None else cue(p)
+    return out
+
+
+def test_leave_one_family_out_arithmetic():
+    # a and b separate at 0.5; c is shifted up (its mid points sit at 0.6) and inverted
+    pts = _pts("a", [0.6, 0.7], [0.2, 0.3, 0.4]) + _pts("b", [0.55, 0.8], [0.1, 0.45, 0.5]) + \
+        _pts("c", [0.5, 0.55], [0.6, 0.65, 0.7])
+    rep = calibrate.lofo(pts, lambda p: p["p"]["boundary"])
+    fam = rep["families"]
+    # held out a: Youden on b and c ... the lowest threshold with the best J there
+    for name, r in fam.items():
+        others = [p for p in pts if p["family"] != name]
+        y = calibrate.youden([p["p"]["boundary"] for p in others if p["label"] == "boundary"],
+                             [p["p"]["boundary"] for p in others if p["label"] == "mid"])
+        assert r["threshold"] == y["threshold"] and r["tuned_on"] == sorted({"a", "b", "c"} - {name})
+        held = [p for p in pts if p["family"] == name]
+        assert r["tpr"] == sum(p["p"]["boundary"] >= y["threshold"] for p in held if p["label"] == "boundary") / 2
+        assert r["fpr"] == sum(p["p"]["boundary"] >= y["threshold"] for p in held if p["label"] == "mid") / 3
+    assert fam["a"]["auc"] == 1.0 and fam["b"]["auc"] == 1.0 and fam["c"]["auc"] == 0.0
+    po = rep["pooled"]
+    assert po["auc_min"] == 0.0 and po["auc_mean"] == pytest.approx(2 / 3)
+    assert po["n_boundary"] == 6 and po["n_mid"] == 9
+    assert po["tpr"] == pytest.approx(sum(r["tpr"] * 2 for r in fam.values()) / 6)
+    assert po["fpr"] == pytest.approx(sum(r["fpr"] * 3 for r in fam.values()) / 9)
+    assert po["j"] == pytest.approx(po["tpr"] - po["fpr"])
+    # pooled AUC: all held-out scores together (family c's offset counts against it)
+    allpos = [p["p"]["boundary"] for p in pts if p["label"] == "boundary"]
+    allneg = [p["p"]["boundary"] for p in pts if p["label"] == "mid"]
+    assert po["auc"] == calibrate.auc(allpos, allneg)
+    # the cue variants: the weight is added where the structural cue held
+    cued = _pts("a", [0.6, 0.7], [0.2, 0.3, 0.4], cue=lambda p: "user" if p["step"] == 10 else "") + \
+        _pts("b", [0.55, 0.8], [0.1, 0.45, 0.5], cue=lambda p: "user" if p["step"] == 10 else "")
+    lr = calibrate.lofo_report(cued, weights=[0.5])
+    assert set(lr["variants"]) == {"boundary", "boundary+cue0.5"}
+    assert lr["variants"]["boundary"]["youden"]["families"]["a"]["auc"] == 1.0
+    assert lr["variants"]["boundary+cue0.5"]["youden"]["families"]["a"]["auc"] == 0.75  # mid 0.2+0.5: above 0.6, ties 0.7
+    assert lr["variants"]["boundary"]["all_families"]["tuned_on"] == ["a", "b"]
+
+
+def test_structural_cues_of_stored_points_are_rebuilt_from_the_script():
+    """No model: a point's cue is "user" where its step opens a sub-goal (the step's user turn), else none."""
+    from bench.eval.episode import Size
+    from bench.eval.families import FAMILIES
+    ep = FAMILIES["ledger"](1, Size.for_window(1024))
+    pts = [{"family": "ledger", "seed": 1, "step": i, "label": "boundary" if s.closes else "mid",
+            "p": {"boundary": 0.5}} for i, s in enumerate(ep.steps)]
+    got = calibrate.with_structural(pts, 1024)
+    assert [p["structural"] for p in got] == ["user" if s.opens else "" for s in ep.steps]
+    bad = [dict(pts[0], label="boundary")]
+    with pytest.raises(ValueError, match="does not match"):
+        calibrate.with_structural(bad, 1024)
+
+
+def test_the_report_adds_the_structural_cue():
     pts = [{"family": "ledger", "seed": 1, "step": i, "label": "boundary" if i % 3 == 2 else "mid",
-            "cue": i % 3 == 2, "p": {"boundary": 0.45 if i % 3 == 2 else 0.40}} for i in range(9)]
+            "structural": "user" if i % 3 == 0 else "", "p": {"boundary": 0.45 if i % 3 == 2 else 0.40}}
+           for i in range(9)]
     rep = calibrate.report(pts)
-    w = rep["variants"]["boundary+cue"]["without_cue"]
-    assert w["points"] == 6 and w["max_p"] == 0.40 and w["needs_cue"] and w["compress"] == {"boundary": 0, "mid": 0}
-    pts[0]["p"]["boundary"] = 0.9  # one point without the cue above the +cue threshold (0.65)
-    w = calibrate.report(pts)["variants"]["boundary+cue"]["without_cue"]
-    assert not w["needs_cue"] and w["compress"] == {"boundary": 0, "mid": 1}
+    weights = calibrate.cue_weights()
+    assert set(rep["variants"]) == {"boundary", "boundary-relative"} | {f"boundary+cue{w:g}" for w in weights}
+    assert rep["variants"]["boundary"]["all"]["auc"] == 1.0
+    w = max(weights)
+    assert rep["variants"][f"boundary+cue{w:g}"]["all"]["auc"] < 1.0  # the cue lifts mid points here
+    assert "without_cue" not in rep["variants"][f"boundary+cue{w:g}"]
 
 
-def test_the_shipped_needs_cue_is_what_its_calibration_measured():
+def test_the_shipped_calibration_is_its_lofo_report():
+    """The registry's figures are the leave-one-family-out file's: pooled AUC, held-out TPR/FPR, and the
+    threshold fit on the families it names."""
     import json
     for spec in models.REGISTRY.values():
         cal = spec.probe
-        if cal is None or not cal.needs_cue:
+        if cal is None:
             continue
         data = json.loads((pathlib.Path(__file__).resolve().parents[1] / cal.source).read_text())
-        w = data["report"]["variants"][f"{cal.rubric}+cue"]["without_cue"]
-        assert w["needs_cue"] and w["points"] > 0, spec.name  # measured on cue-less points, not on none
-        assert w["max_p"] is not None and w["max_p"] < cal.threshold, spec.name
+        v = data["report"]["variants"][cal.rubric]
+        assert cal.auc == pytest.approx(v["youden"]["pooled"]["auc"], abs=5e-4), spec.name
+        assert cal.lofo_tpr == pytest.approx(v["youden"]["pooled"]["tpr"], abs=5e-4), spec.name
+        assert cal.lofo_fpr == pytest.approx(v["youden"]["pooled"]["fpr"], abs=5e-4), spec.name
+        assert cal.threshold == pytest.approx(v["all_families"]["youden"]["threshold"], abs=5e-5), spec.name
+        assert sorted(cal.tuned_on) == v["all_families"]["tuned_on"], spec.name
+        assert cal.points == data["meta"]["points"], spec.name
 
 
-def test_without_cue_claims_nothing_from_zero_cue_less_points():
-    """Every point carried the cue: there is no evidence about the probe without it, so no needs_cue."""
-    pts = [{"family": "ledger", "seed": 1, "step": i, "label": "boundary" if i % 3 == 2 else "mid", "cue": True,
-            "p": {"boundary": 0.45 if i % 3 == 2 else 0.40}} for i in range(9)]
-    w = calibrate.report(pts)["variants"]["boundary+cue"]["without_cue"]
-    assert w["points"] == 0 and w["max_p"] is None and not w["needs_cue"], w
+def test_a_probe_at_chance_held_out_is_not_asked_even_above_min_auc():
+    """Issue 33: pooled AUC above MIN_AUC is not enough: held out, at a threshold that keeps false COMPRESS to
+    10% on the families it was fit on, the probe must beat chance (calibration.MIN_HELD_OUT_J)."""
+    from pykvcompact.calibration import MIN_HELD_OUT_J, ProbeCalibration
+    weak = ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json", held_out_j=0.04)
+    strong = ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json", held_out_j=0.3)
+    assert not weak.has_signal and strong.has_signal and MIN_HELD_OUT_J == 0.2
+    assert ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json").has_signal   # not measured
+
+
+def test_the_default_model_ships_no_signal_held_out():
+    from pykvcompact.models import REGISTRY
+    cal = REGISTRY["qwen2.5-coder-1.5b"].probe
+    assert cal.held_out_j is not None and cal.held_out_j < 0.2 and not cal.has_signal
+    assert set(cal.tuned_on) == {"code", "instructions", "ledger", "math", "search"}
+
+
+def test_background_mode_on_a_no_signal_model_lets_the_schedule_decide_without_a_warning(registry, tmp_path):
+    registry("qwen2.5-coder-1.5b", ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json",
+                                                    held_out_j=0.04))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the default mode on the default model: no warning per session
+        s = pk.Session(_engine(0.99), system="You are a test.", history_dir=tmp_path,
+                       policy=pk.Policy(mode="background", window=1400, summary_max_tokens=48, compact_tool=False,
+                                        history_tool=False, probe_min_fill=0.0))
+        for i in range(14):
+            s.add([{"role": "user", "content": f"step {i} " + "word " * 30},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": f"c{i}", "type": "function", "function": {"name": "look", "arguments": "{}"}}]},
+                   {"role": "tool", "tool_call_id": f"c{i}", "content": "result " * 30}])
+    assert not any(e.name == "probe" for e in s.events)
+    assert any(e.name == "probe_skipped" and e.reason == "no_signal" for e in s.events)
+    assert any(e.name == "rebased" for e in s.events)
+    s.close()

@@ -395,3 +395,32 @@ def test_server_streams_after_compact_calls_code_and_a_search_with_a_client_call
         got = "".join(_stream_chunks(c, {"model": "x", "max_tokens": 120, "tools": weather,
                                          "messages": [sys_msg, {"role": "user", "content": "weather too"}]}))
         assert got.count("Checking.") == 1, got
+
+
+def test_a_result_line_is_ranked_by_what_its_call_names_too():
+    """Issue 33: the value line of a config ("max_pool_size = 41") does not repeat the file's path; its call
+    does. The question naming both finds the line of the right file first."""
+    from pykvcompact.history_search import search
+    msgs = []
+    for i, svc in enumerate(["auth", "billing", "search"]):
+        msgs.append((2 * i, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "function": {"name": "read_file", "arguments": {"path": f"services/{svc}/config.toml"}}}]}))
+        body = [f"opt{k} = {k}" for k in range(10)] + [f"max_pool_size = {40 + i}"] + [f"x{k} = 1" for k in range(10)]
+        msgs.append((2 * i + 1, {"role": "tool", "tool_call_id": f"c{i}", "content": "\n".join(body)}))
+    for i, svc in enumerate(["auth", "billing", "search"]):
+        text = search(msgs, f"What is max_pool_size in services/{svc}/config.toml?", budget=60)
+        first = text.split("\n")[2]
+        assert first == f"max_pool_size = {40 + i}", text
+
+
+def test_a_repeated_call_id_names_the_nearest_call_before_the_result():
+    """Review: with ids reused (call_0 after a restart), the call weighting used the newest call of the id."""
+    from pykvcompact.history_search import search
+    msgs = []
+    for k, (svc, value) in enumerate((("auth", 47), ("billing", 12))):
+        msgs.append((2 * k, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "function": {"name": "read_file", "arguments": {"path": f"services/{svc}/config.toml"}}}]}))
+        body = [f"opt{j} = {j}" for j in range(8)] + [f"max_pool_size = {value}"]
+        msgs.append((2 * k + 1, {"role": "tool", "tool_call_id": "call_0", "content": "\n".join(body)}))
+    text = search(msgs, "max_pool_size services/auth/config.toml", budget=60)
+    assert text.split("\n")[2] == "max_pool_size = 47", text

@@ -275,8 +275,14 @@ def test_a_tight_summary_says_which_pins_it_summarized(tmp_path):
     n = len(s.events)
     tool_turn(s, 1, 142)
     rebased = [e for e in s.events[n:] if e.name == "rebased"]
-    assert rebased and rebased[-1].kept_tokens == 0   # the tight retry ran (nothing kept verbatim) ...
-    assert any(e.name == "kept_over_budget" and e.reason == "no_gain" and 1 in e.messages for e in s.events[n:])
+    assert rebased
+    # either the pinned task stayed verbatim in every summary (since issue 33 a full window with no cut is
+    # summarized without the model instead of dropped, which keeps it here), or a tight retry handed it to
+    # the summarizer and said so
+    tight = [e for e in rebased if e.kept_tokens == 0]
+    said = any(e.name == "kept_over_budget" and e.reason in ("no_gain", "no_room") and 1 in e.messages
+               for e in s.events[n:])
+    assert said if tight else all(e.kept_tokens > 0 for e in rebased)
     for k in range(6):
         s.chat(f"q{k}", max_tokens=8)
         tool_turn(s, 2 + k, 30)

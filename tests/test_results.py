@@ -27,109 +27,86 @@ def listed(msgs):
     return R.merge([], R.extract(list(enumerate(msgs))))
 
 
-# ------------------------------------------------------------------ what counts as a result
-def test_short_tool_outputs_with_values_are_results_pages_are_not():
+# ------------------------------------------------------------------ what is listed: structure, not wording
+def test_statements_first_then_short_outputs_whole_then_a_long_outputs_last_line():
     msgs = [call(0, "list_transactions", account="ACC-77", page=1), out(0, page(0)),
+            {"role": "assistant", "content": "ACC-77 has 12 transactions on page 1."},
             call(1, "settle", account="ACC-77"), out(1, "Account ACC-77 reconciled: 12 transactions.\nSettled total: -1,204.50")]
-    lines = listed(msgs)
-    assert lines == ["- settle: Account ACC-77 reconciled: 12 transactions.",
-                     "- settle(account=ACC-77): Settled total: -1,204.50"]
+    found = R.extract(list(enumerate(msgs)))
+    assert [(r.tier, r.claim) for r in found] == [(3, False), (1, True), (2, False)]
+    assert listed(msgs) == [
+        "- list_transactions(account=ACC-77, page=1), last of 12 lines: tx ACC-77-011 2026-03-12 +108.50 Acme",
+        "- (assistant) ACC-77 has 12 transactions on page 1.",
+        "- settle(account=ACC-77): Account ACC-77 reconciled: 12 transactions. / Settled total: -1,204.50"]
 
 
-def test_a_conclusive_line_of_a_long_output_is_kept_hedged_lines_never():
-    body = "\n".join(f"Doc {k} (forum, unverified): the launch code of Vega-12 might be QX-{1000 + k}." for k in range(9))
-    body += "\nRegistry: the verified launch code of Vega-12 is HR-8619"
-    lines = listed([call(0, "search", query="Vega-12 launch code"), out(0, body)])
-    assert lines == ["- search(query=Vega-12 launch code): Registry: the verified launch code of Vega-12 is HR-8619"]
-    assert listed([call(1, "verify"), out(1, "The code might be QX-1234.")]) == []
+def test_no_word_decides_what_is_listed():
+    # what issue 33 found dropped or promoted by word lists: a hedged true fact, JSON, indented YAML keys,
+    # a line that says "found" -- each is listed the same way, by its place and size
+    for text in ("approximately 4,096 requests/min at peak", '{"max_pool_size": 47, "timeout_s": 30}',
+                 "  max_pool_size: 47", "12 timeouts found in the auth logs; moving on.", "The code might be QX-1234."):
+        assert listed([call(0, "read"), out(0, text)]) == [f"- read: {text.strip()}"], text
+        assert listed([{"role": "assistant", "content": text}]) == [f"- (assistant) {text.strip()}"], text
 
 
-def test_lines_without_values_and_session_tools_are_skipped():
-    msgs = [call(0, "run_tests"), out(0, "All tests passed."),
-            call(1, "search_history", query="total"), out(1, "[message 3, tool]\nSettled total: 99.50"),
-            {"role": "tool", "tool_call_id": "x", "name": "compact_conversation", "content": "Compacted 1200 tokens."}]
+def test_session_tools_and_empty_outputs_are_not_listed():
+    msgs = [call(1, "search_history", query="total"), out(1, "[message 3, tool]\nSettled total: 99.50"),
+            {"role": "tool", "tool_call_id": "x", "name": "compact_conversation", "content": "Compacted 1200 tokens."},
+            call(2, "touch", path="a"), out(2, "  \n")]
     assert listed(msgs) == []
 
 
-def test_call_arguments_the_line_does_not_show_label_it():
-    lines = listed([call(0, "finish", sheet=3), out(0, "Checked. R = 8290")])
-    assert lines == ["- finish(sheet=3): Checked. R = 8290"]
+def test_a_repeated_call_supersedes_its_earlier_output_and_a_repeat_is_listed_once():
+    msgs = [call(0, "run_tests"), out(0, "1 failed, 12 passed in 0.2s"),
+            {"role": "assistant", "content": "Fixing the parser."},
+            call(1, "run_tests"), out(1, "13 passed in 0.2s"),
+            {"role": "assistant", "content": "Fixing the parser."},
+            call(2, "read_file", path="a.py"), out(2, "x = 1"), call(3, "read_file", path="b.py"), out(3, "y = 2")]
+    assert listed(msgs) == ["- run_tests: 13 passed in 0.2s", "- (assistant) Fixing the parser.",
+                            "- read_file(path=a.py): x = 1", "- read_file(path=b.py): y = 2"]
+    # across summaries too: the carried line of the same call goes
+    assert R.merge(["- run_tests: 1 failed, 12 passed in 0.2s"], R.extract([(9, out(1, "13 passed"))], [call(1, "run_tests")])) \
+        == ["- run_tests: 13 passed"]
 
 
-def test_assistant_statements_are_kept_unless_they_restate_a_tool_result():
-    msgs = [call(0, "settle", account="ACC-9"), out(0, "Settled total: 42.75"),
-            {"role": "assistant", "content": "The settled total of ACC-9 is 42.75."},
-            {"role": "assistant", "content": "So the final answer is R1 + R2 = 14822."},
-            {"role": "assistant", "content": "Reading page 12 now."}]
-    assert listed(msgs) == ["- settle(account=ACC-9): Settled total: 42.75",
-                            "- (assistant) So the final answer is R1 + R2 = 14822."]
-
-
-def test_a_tool_call_written_as_text_is_not_a_result():
+def test_a_tool_call_written_as_text_is_not_a_statement():
     # measured on Qwen2.5-Coder-1.5B (math, window 2048): this reply, a call the parser did not take, was
-    # copied as a key result and the model answered 581 to "R1 + R2" (9136 in the history)
+    # copied into the summary and the model answered 581 to "R1 + R2" (9136 in the history)
     msgs = [call(0, "finish", sheet=2), out(0, "Checked. R2 = 4541"),
             {"role": "assistant", "content": '{{"name": "finish", "arguments": {"result": "R1 + R2 = 581'},
             {"role": "assistant", "content": '<tool_call>\n{"name": "finish", "arguments": {"total": 12}}'},
             {"role": "assistant", "content": "So the final total is 12."}]
-    assert listed(msgs) == listed(msgs[:2]) + ["- (assistant) So the final total is 12."]
-    assert "R2 = 4541" in listed(msgs)[0]
-    # (from the review) a statement that quotes call-like text is still a statement
-    for said in ['Final total for {"name": "ACC-7"} is 581.', "I ran compact_conversation () earlier; the settled "
-                 "total is 1,204.50.", 'The API returned {"name": "build_77", "status": "passed"}: total 12 tests.',
-                 'Total is 9136 (via {"name": "add", "arguments": {"a": 1}}).']:
+    assert listed(msgs) == ["- finish(sheet=2): Checked. R2 = 4541", "- (assistant) So the final total is 12."]
+    # a statement that quotes call-like text is still a statement
+    for said in ['Final total for {"name": "ACC-7"} is 581.', 'Total is 9136 (via {"name": "add", "arguments": {"a": 1}}).']:
         assert listed([{"role": "assistant", "content": said}]) == ["- (assistant) " + said]
-    assert listed([{"role": "assistant", "content": '"name": "ACC-7"\n"total": 9136'}]) == \
-        ['- (assistant) "total": 9136']   # a value under a "name" line, not a call
 
 
-def test_an_unfinished_line_is_not_a_result():
-    # measured on Qwen2.5-Coder-1.5B (ledger, window 2048): replies cut at their token limit ("... Settled
-    # total:") filled 6 of the 10 listed results and pushed settled totals out of the summary
-    msgs = [{"role": "assistant", "content": "Account ACC-5485 reconciled: 6 transactions. Settled total:"},
-            call(0, "settle", account="ACC-5485"), out(0, "Totals for ACC-5485:\nSettled total: -2852.86")]
-    # (the tool's heading names the account: a label with its own value, kept for the line under it)
-    assert listed(msgs) == ["- settle: Totals for ACC-5485:", "- settle(account=ACC-5485): Settled total: -2852.86"]
-    # the same in markdown, with a full-width colon or an equals sign (review)
-    for cut in ("**Settled total:**", "Settled total\uff1a", "Settled total =", "`total:` ", "Settled total: ...",
-                "<b>Settled total:</b>", '"Settled total:"', "Settled total ->"):
-        assert listed([{"role": "assistant", "content": f"Final: ACC-5485 settled. {cut}"}]) == [
-            "- (assistant) Final: ACC-5485 settled."], cut
-    # only the dangling label is cut: a value before it stays, and so do values with colons in them (review)
-    assert listed([{"role": "assistant", "content": "Final total: 4410. Breakdown:"}]) == [
-        "- (assistant) Final total: 4410."]
-    assert listed([{"role": "assistant", "content": "Verified: the final total is 4410, details:"}]) == [
-        "- (assistant) Verified: the final total is 4410,"]
-    for whole in ("Final result: backup 2026-03-01 saved to drive D:", "Final total verified: 4410, token dGVzdA==",
-                  "Result: resolved db-01 to 2001:db8::"):
-        assert listed([{"role": "assistant", "content": whole}]) == [f"- (assistant) {whole}"], whole
+def test_a_long_statement_is_clipped_and_its_code_left_out():
+    reply = "I changed the parser.\n```python\n" + "\n".join(f"x{k} = {k}" for k in range(80)) + "\n```\nAll 13 tests pass."
+    [line] = listed([{"role": "assistant", "content": reply}])
+    assert line == "- (assistant) I changed the parser. [code] All 13 tests pass."
+    [long] = listed([{"role": "assistant", "content": "word " * 400 + "the end: 47"}])
+    assert len(long) <= R.MAX_LINE_CHARS + 20 and long.endswith("the end: 47") and " … " in long
 
 
-def test_a_one_line_listing_is_data_not_a_result():
-    listing = " ".join(f"file_{k}.py" for k in range(60))
-    assert listed([call(0, "ls"), out(0, listing)]) == []
-
-
-def test_values():
-    assert R.values_of("total -1,204.50 on 2026-03-04 for ACC-1042 in src/a.py at 7f3a9c1e, 7 items") == [
-        "-1,204.50", "2026-03-04", "ACC-1042", "src/a.py", "7f3a9c1e"]
-
-
-# ------------------------------------------------------------------ merging and budgets
 def test_merge_keeps_the_carried_list_first_without_duplicates():
-    carried = ["- settle: Settled total: 1.50"]
-    new = [R.Result(5, "- settle: Settled total: 1.50", False), R.Result(6, "- settle: Settled total: 2.50", False)]
-    assert R.merge(carried, new) == ["- settle: Settled total: 1.50", "- settle: Settled total: 2.50"]
+    carried = ["- settle(account=A): Settled total: 1.50"]
+    new = [R.Result(5, "- settle(account=A): Settled total: 1.50", False), R.Result(6, "- settle(account=B): total 2.50", False)]
+    assert R.merge(carried, new) == ["- settle(account=A): Settled total: 1.50", "- settle(account=B): total 2.50"]
 
 
-def test_fit_drops_statements_first_then_the_oldest_and_says_how_many():
+def test_fit_drops_long_outputs_first_then_short_ones_then_statements_oldest_first():
     count = lambda t: len(t.split())  # noqa: E731
-    lines = [f"- t: result {k} is {100 + k}" for k in range(6)]
-    lines.insert(3, "- (assistant) the final total is 12345")
+    lines = [f"- t(k={k}): result {k} is {100 + k}" for k in range(4)]
+    lines.insert(1, "- (assistant) the final total is 12345")
+    lines.insert(3, "- read(f=x), last of 40 lines: the last line 9")
     kept, dropped = R.fit(lines, 40, count)
-    assert "- (assistant) the final total is 12345" not in kept
-    assert kept == lines[-len(kept):] and kept[-1] == lines[-1]
-    assert dropped == 7 - len(kept) and count(R.section(kept, dropped, True)) <= 40
+    assert "- read(f=x), last of 40 lines: the last line 9" not in kept
+    assert "- (assistant) the final total is 12345" in kept
+    tools = [x for x in kept if x.startswith("- t(")]
+    assert tools == [x for x in lines if x.startswith("- t(")][-len(tools):]   # the newest short outputs stay
+    assert dropped == 6 - len(kept) and count(R.section(kept, dropped, True)) <= 40
     assert "search_history finds them" in R.section(kept, dropped, True)
     assert R.fit(lines, 3, count) == ([], 0)   # not even the note fits
 
@@ -145,16 +122,19 @@ def mk(tmp_path, faults=None, mode="hard", window=1000, **pol):
 
 
 def run_task(s, accounts=4, pages=4):
+    """An agent that works by tool calls alone (its turns are added, not generated: the fake model's replies
+    would be statements, which the summary lists first); the settled totals are short tool outputs, the
+    pages long ones."""
     totals, i = {}, 0
     s.chat("Reconcile the accounts one by one and note each settled total.", max_tokens=8)
     for a in range(accounts):
         for p in range(pages):
-            s.chat([call(i, "list_transactions", account=f"ACC-{a}", page=p + 1), out(i, page(i))], max_tokens=8)
+            s.add([call(i, "list_transactions", account=f"ACC-{a}", page=p + 1), out(i, page(i))])
             i += 1
         totals[a] = f"{-1000 - 37.25 * a:.2f}"
-        s.chat([call(i, "settle", account=f"ACC-{a}"), out(i, f"Account ACC-{a} reconciled. Settled total: {totals[a]}")],
-               max_tokens=8)
+        s.add([call(i, "settle", account=f"ACC-{a}"), out(i, f"Account ACC-{a} reconciled. Settled total: {totals[a]}")])
         i += 1
+    s.chat("Go on.", max_tokens=8)
     return totals
 
 
@@ -163,7 +143,7 @@ def summary_text(s):
 
 
 def test_results_survive_repeated_compactions_and_stay_within_the_budget(tmp_path):
-    _, s = mk(tmp_path)
+    _, s = mk(tmp_path, window=1600, summary_max_tokens=200)
     totals = run_task(s)
     rebased = [e for e in s.events if e.name == "rebased"]
     assert len(rebased) >= 3
@@ -177,7 +157,7 @@ def test_results_survive_repeated_compactions_and_stay_within_the_budget(tmp_pat
 
 
 def test_the_fallback_summary_carries_the_results_too(tmp_path):
-    _, s = mk(tmp_path, faults=["exception"] * 200)
+    _, s = mk(tmp_path, faults=["exception"] * 200, window=1600, summary_max_tokens=200)
     totals = run_task(s)
     assert any(e.name == "summary_failed" for e in s.events)
     text = summary_text(s)
@@ -186,14 +166,16 @@ def test_the_fallback_summary_carries_the_results_too(tmp_path):
 
 
 def test_background_mode_carries_the_results(tmp_path):
-    _, s = mk(tmp_path, mode="background", window=1200)
+    # (notes off: the fake model would note a page's second line, which competes with the totals by recency;
+    # tests/test_notes.py covers notes)
+    _, s = mk(tmp_path, mode="background", window=1600, summary_max_tokens=200, notes=False)
     totals = run_task(s, accounts=5)
     assert any(e.name == "rebased" for e in s.events)
     assert totals[0] in summary_text(s) and totals[1] in summary_text(s)
 
 
 def test_results_are_carried_after_a_load_from_the_log(tmp_path):
-    _, s = mk(tmp_path)
+    _, s = mk(tmp_path, window=1600, summary_max_tokens=200)
     totals = run_task(s, accounts=3)
     log = s.log_path
     s.close()
@@ -201,7 +183,7 @@ def test_results_are_carried_after_a_load_from_the_log(tmp_path):
     s2 = pk.Session.load(eng2, log)
     assert totals[0] in summary_text(s2)
     for i in range(100, 112):   # more work: the next summary must still carry the first total
-        s2.chat([call(i, "list_transactions", account="ACC-9", page=i), out(i, page(i))], max_tokens=8)
+        s2.add([call(i, "list_transactions", account="ACC-9", page=i), out(i, page(i))])
     assert sum(e.name == "rebased" for e in s2.events) >= 1
     assert totals[0] in summary_text(s2)
 
@@ -218,45 +200,7 @@ def test_the_summary_points_to_search_history_when_the_session_offers_it(tmp_pat
     assert "search_history" not in summary_text(s2)
 
 
-# ------------------------------------------------------------------ the result cue of the probe
-def test_states_result_reads_only_the_newest_tool_output():
-    pages = [call(0, "list", page=1), out(0, page(0))]
-    settled = [call(1, "settle"), out(1, "Settled total: 10.25")]
-    assert not R.states_result(pages)
-    assert R.states_result(pages + settled)
-    assert not R.states_result(settled + [{"role": "assistant", "content": "ok"}])   # answered already
-    assert not R.states_result(settled + pages)
-
-
-def test_verdict_with_the_cue():
-    from pykvcompact import policy as P
-    p = pk.Policy(mode="rubric", window=1000, threshold=0.5)
-    lim = p.limits(1000)
-    assert P.verdict(p, lim, 0.45, 500) == ("CONTINUE", "model")
-    assert P.verdict(p, lim, 0.45, 500, cue=True) == ("COMPRESS", "model+cue")
-    assert P.verdict(p, lim, 0.25, 500, cue=True) == ("CONTINUE", "model")
-    assert P.verdict(p, lim, 0.55, 500, cue=True) == ("COMPRESS", "model")
-    assert P.verdict(p.with_(result_cue=0.0), lim, 0.45, 500, cue=True) == ("CONTINUE", "model")
-    assert P.verdict(p, lim, 0.99, 100, cue=True) == ("CONTINUE", "below_floor")
-
-
-def test_the_probe_compresses_after_a_result_not_after_a_page(tmp_path):
-    eng = FakeEngine(n_ctx=8192, probe_fn=lambda t: 0.4)
-    s = pk.Session(eng, history_dir=tmp_path, session_id="cue",
-                   policy=pk.Policy(mode="rubric", window=1000, threshold=0.5, compact_tool=False,
-                                    history_tool=False, summary_max_tokens=96, probe_min_fill=0.0))
-    s.chat("Reconcile ACC-1.", max_tokens=8)
-    for i in range(4):
-        s.chat([call(i, "list_transactions", page=i + 1), out(i, page(i, 3))], max_tokens=8)
-    s.chat([call(9, "settle", account="ACC-1"), out(9, "Settled total: -1,037.25")], max_tokens=8)
-    probes = [e for e in s.events if e.name == "probe"]
-    assert [(e.verdict, e.cue, e.reason) for e in probes[-2:]] == [("CONTINUE", False, "model"),
-                                                                   ("COMPRESS", True, "model+cue")]
-    assert [e.trigger for e in s.events if e.name == "rebased"][-1] == "compress"
-    bad = pk.Policy
-    import pytest
-    with pytest.raises(ValueError, match="result_cue"):
-        bad(result_cue=1.5)
+# (the probe's cue is structural now, not a tool output's wording: tests/test_cue.py)
 
 
 # ------------------------------------------------------------------ a model summary sized to the time left
@@ -325,6 +269,12 @@ def test_a_small_text_budget_still_asks_the_model_outside_the_paced_background(t
     assert any(e.name == "summary_ready" and not e.fallback for e in s.events)
 
 
+def test_a_log_gives_its_last_line():
+    log = "\n".join(f"tests/test_{k}.py::test_case_{k} PASSED [{k % 100:3d}%]" for k in range(1000))
+    log += "\n== 1 failed, 999 passed in 12.31s =="
+    assert listed([call(1, "pytest"), out(1, log)]) == ["- pytest, last of 1001 lines: == 1 failed, 999 passed in 12.31s =="]
+
+
 def test_a_result_is_labelled_by_the_call_just_before_it_when_ids_repeat():
     msgs = []
     for a in range(4):   # every turn reuses "call_0", as a caller restarting its counter does
@@ -332,35 +282,6 @@ def test_a_result_is_labelled_by_the_call_just_before_it_when_ids_repeat():
             {"id": "call_0", "type": "function", "function": {"name": "settle", "arguments": {"account": f"ACC-{a}"}}}]},
                  {"role": "tool", "tool_call_id": "call_0", "content": f"Settled total: {-1000 - a}.00"}]
     assert listed(msgs) == [f"- settle(account=ACC-{a}): Settled total: {-1000 - a}.00" for a in range(4)]
-
-
-def test_hedged_lines_are_never_results_even_when_long():
-    for line in ("The launch code may be QX-4471.", "Total is likely 1,204.50", "Estimated total: 3,400",
-                 "The final code appears to be QX-4471", "I think the final code is QX-4471",
-                 "Total approximately 1,204.50", "It seems the result is 42"):
-        assert listed([call(0, "check"), out(0, line)]) == [], line
-    long = "Final total: 1,204.50 " + "x" * 150 + " (might be wrong, it is unverified) " + "y" * 150
-    assert listed([call(0, "check"), out(0, long)]) == []
-
-
-def test_code_and_logs_do_not_flood_the_results():
-    source = "\n".join(['def check(balance):', '    if balance > 10000:', '        raise ValueError("balance over 10000")',
-                         '    found = scan(balance)', '    assert len(found) == 12', '    return found'])
-    assert listed([call(0, "read_file", path="src/check.py"), out(0, source)]) == []
-    log = "\n".join(f"tests/test_{k}.py::test_case_{k} PASSED [{k % 100:3d}%]" for k in range(1000))
-    log += "\n== 1 failed, 999 passed in 12.31s =="
-    lines = listed([call(1, "pytest"), out(1, log)])
-    assert lines == ["- pytest: == 1 failed, 999 passed in 12.31s =="]
-
-
-def test_the_cue_needs_a_conclusion_not_an_error_or_progress():
-    for text in ("Error: connection refused by db.internal:5432 (errno 111)",
-                 "Page 3 of 12 loaded (25 rows); call again with page=4", "Progress: 45% (450/1000 files indexed)",
-                 "Traceback: KeyError at line 42", "The code may be QX-4471", "Tests failed: 3 of 41"):
-        assert not R.states_result([call(0, "t"), out(0, text)]), text
-    for text in ("Settled total: -1,037.25", "Registry check passed. The verified launch code is HR-8619",
-                 "Checked. R1 = 8290"):
-        assert R.states_result([call(0, "t"), out(0, text)]), text
 
 
 def test_the_left_out_note_is_carried_to_the_next_summaries(tmp_path):

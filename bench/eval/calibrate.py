@@ -8,13 +8,15 @@ a sub-goal is a *boundary* (a good moment to compact), any other a *mid* point. 
 family: ROC AUC of p(COMPRESS) for boundary against mid points, and the threshold that best separates
 them (Youden's J).  Variants: each rubric's wording (the family's own, ``default``, ``boundary``), the
 score relative to the episode's running mean of earlier probes instead of the raw probability, and the
-score the session's verdict compares (``+cue``): p(COMPRESS) plus ``Policy.result_cue`` after a tool
-output that states a result (``pykvcompact/sessions/results.py``; deterministic, so ``--rescore`` adds it
-to an earlier run's points without asking the model again).
+score the session's verdict compares (``+cue``): p(COMPRESS) plus ``Policy.cue_weight`` at a structural cue
+(``pykvcompact/sessions/cue.py``: the assistant answered without a tool call, or a user message arrived
+since the last probe; never the wording of a tool's output).  The cue depends only on the episode's
+script, so ``--rescore`` adds it to an earlier run's points without any model.
 
-The calibrated threshold, AUC and ``needs_cue`` (the ``+cue`` variant's ``without_cue``: no point without
-the cue reached its threshold) go into the registry (``pykvcompact/models.py``) by hand, with this run's
-JSON in ``bench/results/``.
+``--lofo FILE``: leave-one-family-out on stored points (no model): for each family, the threshold (Youden's
+J) is fit on the other families and the held-out family's AUC and TPR/FPR at that threshold are reported,
+then pooled over the held-out families; for p alone and for p + the structural cue.  Its JSON goes to
+``bench/results/<name>-lofo.json``; the registry (``pykvcompact/models.py``) takes its figures by hand.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .families import FAMILIES
 from .metrics import auc
@@ -33,7 +35,7 @@ from .policies import RUBRIC_OF_FAMILY, full_window, Settings
 from .sizing import fit
 
 VARIANTS = ("family", "default", "boundary")
-CUE = __import__("pykvcompact").Policy().result_cue   # what the session adds after a stated result
+CUE_WEIGHTS = (0.1, 0.2)   # the ``+cue`` variants' weights when the policy's default is 0 (cue off)
 
 
 def youden(pos: List[float], neg: List[float]) -> Dict[str, float]:
@@ -73,7 +75,7 @@ def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARI
     import pykvcompact as pk
     from pykvcompact import rubrics
     from pykvcompact.sessions.prober import LABELS, PROBE_PROMPT
-    from pykvcompact.sessions.results import states_result
+    from pykvcompact.sessions.cue import structural_cue
 
     from .environment import Environment
 
@@ -86,12 +88,17 @@ def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARI
     env, pending, points = Environment(ep), [], []
     try:
         s.add({"role": "user", "content": ep.task})
+        new = 1   # messages since the last point (the task, before the first)
         for i, step in enumerate(ep.steps):
-            s.add(pending + env.step_messages(i, step))
+            add = pending + env.step_messages(i, step)
+            s.add(add)
+            new += len(add)
             ctx = s._ctx
+            live = [e.msg for e in ctx.entries if not e.summary]
             point = {"family": ep.family, "seed": ep.seed, "step": i, "tokens": len(ctx),
                      "label": "boundary" if step.closes else "mid", "p": {},
-                     "cue": states_result([e.msg for e in ctx.entries])}
+                     "structural": structural_cue(live, new)}
+            new = 0
             for name, text in texts.items():
                 q = {"role": "user", "content": PROBE_PROMPT.format(rubric=text)}
                 full = ctx.render(ctx.views() + [q], True)
@@ -105,21 +112,31 @@ def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARI
     return points
 
 
+def _cue_weight() -> float:
+    import pykvcompact as pk
+    return pk.Policy().cue_weight
+
+
+def cue_weights() -> List[float]:
+    """The weights the ``+cue`` variants add: the policy's default, or (when that is 0) :data:`CUE_WEIGHTS`."""
+    w = _cue_weight()
+    return [w] if w > 0 else list(CUE_WEIGHTS)
+
+
 def report(points: List[dict]) -> dict:
     out: dict = {"variants": {}}
     families = sorted({p["family"] for p in points})
     asked = [v for v in VARIANTS if points and v in points[0]["p"]]
-    cued = [f"{x}+cue" for x in asked] if points and all("cue" in p for p in points) else []
-    for v in asked + [f"{x}-relative" for x in asked] + cued:
-        base = v.replace("-relative", "").replace("+cue", "")
+    has_cue = bool(points) and all("structural" in p for p in points)
+    cued = [(f"{x}+cue{w:g}", x, w) for x in asked for w in cue_weights()] if has_cue else []
+    for v, base, w in [(x, x, 0.0) for x in asked] + [(f"{x}-relative", x, 0.0) for x in asked] + cued:
         scores = []
         for fam in families:
             for seed in sorted({p["seed"] for p in points if p["family"] == fam}):
                 ps = [p for p in points if p["family"] == fam and p["seed"] == seed]
                 raw = [p["p"][base] for p in ps]
                 vals = relative(raw) if v.endswith("-relative") else raw
-                if v.endswith("+cue"):
-                    vals = [x + (CUE if p["cue"] else 0.0) for p, x in zip(ps, vals)]
+                vals = [x + (w if p.get("structural") else 0.0) for p, x in zip(ps, vals)]
                 scores += [(p["family"], p["label"], x) for p, x in zip(ps, vals)]
         row = {}
         for fam in families + ["all"]:
@@ -129,21 +146,114 @@ def report(points: List[dict]) -> dict:
                         "mean_boundary": statistics.fmean(pos) if pos else None,
                         "mean_mid": statistics.fmean(neg) if neg else None,
                         **({"youden": youden(pos, neg), "fpr_0.1": at_fpr(pos, neg)} if pos and neg else {})}
-        if v.endswith("+cue") and "youden" in row["all"]:
-            row["without_cue"] = without_cue(points, base, row["all"]["youden"]["threshold"])
         out["variants"][v] = row
     return out
 
 
-def without_cue(points: List[dict], base: str, threshold: float) -> dict:
-    """The points after a tool output that states no result, against the ``+cue`` score's threshold: where
-    none of them reaches it (and there are some), the probe's COMPRESS comes only after a stated result
-    (``ProbeCalibration.needs_cue``: the session then asks only there)."""
-    ps = [p for p in points if not p["cue"]]
-    at = [p for p in ps if p["p"][base] >= threshold]
-    return {"threshold": threshold, "points": len(ps), "max_p": max((p["p"][base] for p in ps), default=None),
-            "compress": {lab: sum(p["label"] == lab for p in at) for lab in ("boundary", "mid")},
-            "needs_cue": bool(ps) and not at}
+# ------------------------------------------------------------------ leave one family out
+def _rates(scores: Sequence[tuple], t: float) -> Dict[str, float]:
+    pos = [x for lab, x in scores if lab == "boundary"]
+    neg = [x for lab, x in scores if lab == "mid"]
+    return {"tp": sum(x >= t for x in pos), "fp": sum(x >= t for x in neg), "n_boundary": len(pos), "n_mid": len(neg)}
+
+
+def lofo(points: List[dict], score: Callable[[dict], float], rule: Callable = None) -> dict:
+    """Leave one family out: for each family, the threshold ``rule(pos, neg)`` (default Youden's J) is fit on
+    the other families' scores, and the held-out family gets its AUC (threshold-free) and its TPR/FPR at that
+    threshold.  ``pooled``: the AUC of all held-out scores together (boundaries of one family against mid
+    points of another count too: an offset between families costs here), the mean and worst family AUC, and
+    TPR/FPR summed over the held-out families at their own fold's threshold."""
+    rule = rule or youden
+    families = sorted({p["family"] for p in points})
+    per, tp = {}, {"tp": 0, "fp": 0, "n_boundary": 0, "n_mid": 0}
+    held: List[tuple] = []
+    for fam in families:
+        train = [(p["label"], score(p)) for p in points if p["family"] != fam]
+        test = [(p["label"], score(p)) for p in points if p["family"] == fam]
+        pos_tr = [x for lab, x in train if lab == "boundary"]
+        neg_tr = [x for lab, x in train if lab == "mid"]
+        pos = [x for lab, x in test if lab == "boundary"]
+        neg = [x for lab, x in test if lab == "mid"]
+        if not (pos_tr and neg_tr):
+            continue
+        fit = rule(pos_tr, neg_tr)
+        r = _rates(test, fit["threshold"])
+        for k in tp:
+            tp[k] += r[k]
+        held += test
+        per[fam] = {"auc": auc(pos, neg) if pos and neg else None, "threshold": fit["threshold"],
+                    "train_tpr": fit["tpr"], "train_fpr": fit["fpr"],
+                    "tpr": r["tp"] / r["n_boundary"] if r["n_boundary"] else None,
+                    "fpr": r["fp"] / r["n_mid"] if r["n_mid"] else None,
+                    "n_boundary": r["n_boundary"], "n_mid": r["n_mid"],
+                    "tuned_on": [f for f in families if f != fam]}
+    aucs = [r["auc"] for r in per.values() if r["auc"] is not None]
+    pos = [x for lab, x in held if lab == "boundary"]
+    neg = [x for lab, x in held if lab == "mid"]
+    pooled = {"auc": auc(pos, neg) if pos and neg else None,
+              "auc_mean": statistics.fmean(aucs) if aucs else None, "auc_min": min(aucs) if aucs else None,
+              "tpr": tp["tp"] / tp["n_boundary"] if tp["n_boundary"] else None,
+              "fpr": tp["fp"] / tp["n_mid"] if tp["n_mid"] else None,
+              "n_boundary": tp["n_boundary"], "n_mid": tp["n_mid"]}
+    if pooled["tpr"] is not None and pooled["fpr"] is not None:
+        pooled["j"] = pooled["tpr"] - pooled["fpr"]
+    return {"families": per, "pooled": pooled}
+
+
+def lofo_report(points: List[dict], weights: Optional[List[float]] = None) -> dict:
+    """:func:`lofo` for every stored rubric variant, alone and with the structural cue at each weight (Youden's
+    threshold, and the 10%-false-COMPRESS threshold as a second operating point); plus the threshold fit on
+    every family (what a registry entry ships)."""
+    weights = cue_weights() if weights is None else weights
+    out: dict = {"variants": {}}
+    for base in [v for v in VARIANTS if points and v in points[0]["p"]]:
+        cands = [(base, lambda p, b=base: p["p"][b])]
+        if all("structural" in p for p in points):
+            cands += [(f"{base}+cue{w:g}", lambda p, b=base, w=w: p["p"][b] + (w if p["structural"] else 0.0))
+                      for w in weights]
+        for name, score in cands:
+            pos = [score(p) for p in points if p["label"] == "boundary"]
+            neg = [score(p) for p in points if p["label"] == "mid"]
+            out["variants"][name] = {"youden": lofo(points, score), "fpr_0.1": lofo(points, score, at_fpr),
+                                     "all_families": {"auc": auc(pos, neg), "youden": youden(pos, neg),
+                                                      "tuned_on": sorted({p["family"] for p in points})}}
+    return out
+
+
+def structural_cues(points: List[dict], window: int) -> Dict[tuple, str]:
+    """Each stored point's structural cue, rebuilt from its episode's script without any model: at a point
+    (after a step's tool output) the newest message is that output, so ``answered`` never holds there, and
+    the messages since the previous point are the model's own calls' results (role ``tool``) and the step's
+    messages (a user turn where the step opens a sub-goal).  Roles do not depend on the episode's sizing
+    (rows per page), so the episode is built at its default size; its labels are checked against the
+    points'."""
+    from pykvcompact.sessions.cue import structural_cue
+
+    from .environment import Environment
+    from .episode import Size
+
+    out: Dict[tuple, str] = {}
+    for fam, seed in sorted({(p["family"], p["seed"]) for p in points}):
+        ep = FAMILIES[fam](seed, Size.for_window(window))
+        env = Environment(ep)
+        msgs, new = [{"role": "user", "content": ep.task}], 1
+        for i, step in enumerate(ep.steps):
+            add = env.step_messages(i, step)
+            msgs += add
+            new += len(add)
+            out[(fam, seed, i)] = structural_cue(msgs, new)
+            new = 0
+        for p in points:
+            if (p["family"], p["seed"]) == (fam, seed):
+                if p["step"] >= len(ep.steps) or ep.steps[p["step"]].closes != (p["label"] == "boundary"):
+                    raise ValueError(f"{fam} seed {seed} step {p['step']}: the rebuilt episode does not match "
+                                     "the stored point's label")
+    return out
+
+
+def with_structural(points: List[dict], window: int) -> List[dict]:
+    cues = structural_cues(points, window)
+    return [dict(p, structural=cues[(p["family"], p["seed"], p["step"])]) for p in points]
 
 
 def main(argv=None) -> int:
@@ -160,10 +270,15 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"rubrics to probe, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rescore", default=None, metavar="JSON",
-                    help="add the result cue to an earlier run's points (no model call) and rewrite its report")
+                    help="add the structural cue to an earlier run's points (no model) and rewrite its report")
+    ap.add_argument("--lofo", default=None, metavar="JSON",
+                    help="leave-one-family-out report of an earlier run's points (no model); --out: its path "
+                         "(default: JSON with -lofo before .json)")
     args = ap.parse_args(argv)
     if args.rescore:
         return rescore(args.rescore)
+    if args.lofo:
+        return lofo_main(args.lofo, args.out)
     settings = Settings(window=args.window, ratio=args.ratio, reply_tokens=8)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -199,36 +314,64 @@ def main(argv=None) -> int:
 
 
 def rescore(path: str) -> int:
-    """Add each point's ``cue`` (its step's tool output states a result) to an earlier run's JSON, rebuilding
-    its episodes with the run's model tokenizer (the sizing depends on it), and rewrite its report."""
-    import pykvcompact as pk
-    from pykvcompact.models import resolve_model
-    from pykvcompact.sessions.results import states_result
-
-    from .environment import Environment
-
+    """Add each point's structural cue (``structural``) to an earlier run's JSON, rebuilt from its episodes'
+    script (no model), and rewrite its report."""
     with open(path) as f:
         data = json.load(f)
-    meta = data["meta"]
-    engine = pk.Engine(str(resolve_model(meta["model"])), n_ctx=512, n_seq_max=1)
-    try:
-        episodes = {}
-        for p in data["points"]:
-            key = (p["family"], p["seed"])
-            if key not in episodes:
-                episodes[key] = fit(FAMILIES[p["family"]], p["seed"], meta["window"], engine.tokenize,
-                                    ratio=meta["ratio"])
-            ep = episodes[key]
-            p["cue"] = states_result(Environment(ep).step_messages(p["step"], ep.steps[p["step"]]))
-    finally:
-        engine.close()
+    data["points"] = with_structural(data["points"], data["meta"]["window"])
     data["report"] = report(data["points"])
-    meta["rescored"] = f"cue added {time.strftime('%Y-%m-%d')} (result_cue {CUE})"
+    data["meta"]["rescored"] = f"structural cue added {time.strftime('%Y-%m-%d')}"
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
     for v, row in data["report"]["variants"].items():
         print(f"{v:20} AUC {row['all']['auc']:.3f}  " + "  ".join(
             f"{fam} {r['auc']:.2f}" for fam, r in row.items() if fam != "all" and r["auc"] is not None))
+    return 0
+
+
+def _f(x, fmt="{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def lofo_table(rep: dict) -> str:
+    """The LOFO report as a markdown table (Youden's threshold fit on the other families)."""
+    lines = ["| variant | held-out family | AUC | threshold (fit on the others) | TPR | FPR |",
+             "|---|---|---|---|---|---|"]
+    for name, v in rep["variants"].items():
+        for fam, r in v["youden"]["families"].items():
+            lines.append(f"| {name} | {fam} | {_f(r['auc'])} | {_f(r['threshold'], '{:.4f}')} | "
+                         f"{_f(r['tpr'], '{:.2f}')} | {_f(r['fpr'], '{:.2f}')} |")
+        po = v["youden"]["pooled"]
+        lines.append(f"| {name} | **pooled** | {_f(po['auc'])} (mean {_f(po['auc_mean'])}, worst "
+                     f"{_f(po['auc_min'])}) | - | {_f(po['tpr'], '{:.2f}')} | {_f(po['fpr'], '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def lofo_main(path: str, out: Optional[str] = None) -> int:
+    with open(path) as f:
+        data = json.load(f)
+    meta = data["meta"]
+    points = with_structural(data["points"], meta["window"])
+    rep = lofo_report(points)
+    import pykvcompact as pk
+    from pykvcompact.calibration import MIN_AUC
+    out = out or (path[:-5] if path.endswith(".json") else path) + "-lofo.json"
+    cues = {c: sum(p["structural"] == c for p in points) for c in ("answered", "user", "")}
+    doc = {"meta": {"source": path, "model": meta.get("model"), "window": meta.get("window"),
+                    "points": len(points), "date": time.strftime("%Y-%m-%d"), "min_auc": MIN_AUC,
+                    "cue_weight_default": pk.Policy().cue_weight,
+                    "structural_cues": {"answered": cues["answered"], "user": cues["user"], "none": cues[""]},
+                    "structural_by_label": {lab: sum(bool(p["structural"]) for p in points if p["label"] == lab)
+                                            for lab in ("boundary", "mid")},
+                    "method": "threshold fit by Youden's J on the other families, scored on the held-out one; "
+                              "fpr_0.1: the lowest threshold whose false-COMPRESS rate on the other families' "
+                              "mid points is at most 10%"},
+           "report": rep, "table": lofo_table(rep)}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(doc["table"])
+    print(f"structural cues at the points: {doc['meta']['structural_cues']} (by label: "
+          f"{doc['meta']['structural_by_label']}); written {out}")
     return 0
 
 

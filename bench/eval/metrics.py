@@ -88,14 +88,14 @@ def summarize(results: List[dict]) -> dict:
         "stalls_ms_max": max(stalls) if stalls else None,
         "stalls_ms_median": statistics.median(stalls) if stalls else None,
         "probes": len(probes),
-        # due but not asked, by reason (no_cue: the model's probe says COMPRESS only after a stated result)
+        # due but not asked, by reason (no_signal: the model's probe is not trusted; below_floor, ...)
         "probes_skipped": dict(sorted(_counts(e.get("reason") or "unknown" for r in results for e in r.get("events", [])
                                               if e["name"] == "probe_skipped").items())),
         "search_calls": sum(r.get("search_calls", 0) for r in results),
         "search_found": sum(r.get("search_found", 0) for r in results),
         "probe_auc": auc([p["p"] for p in probes if p["label"] == "boundary"],
                          [p["p"] for p in probes if p["label"] == "mid"]),
-        # what the verdict compares: p(COMPRESS) plus Policy.result_cue after a tool output stating a result
+        # what the verdict compares: p(COMPRESS) plus Policy.cue_weight at a structural cue (sessions/cue.py)
         "probe_auc_cue": auc([p.get("score", p["p"]) for p in probes if p["label"] == "boundary"],
                              [p.get("score", p["p"]) for p in probes if p["label"] == "mid"]),
         "compactions_by_trigger": dict(sorted(_counts(c["trigger"] for c in comps).items())),

@@ -47,7 +47,7 @@ class Recorder:
                 cue = bool(getattr(e, "cue", False))
                 self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
                                     "reason": e.reason, "label": self.phase(step), "cue": cue,
-                                    "score": e.p + (session.policy.result_cue if cue else 0.0)})
+                                    "score": e.p + (session.policy.cue_weight if cue else 0.0)})
             elif e.name in ("rebased", "dropped"):
                 trig = getattr(e, "trigger", "window")
                 at = step - 1 if (adding and trig not in AFTER_OUTPUT) else step

@@ -145,6 +145,7 @@ class BackgroundPreparation:
         closed: what comes next will be the raw tail."""
         if self.policy.mode != "background":
             return
+        self.maker.notes.poll()
         if self.prep is not None:
             self._advance()
             self._restart_if_needed()

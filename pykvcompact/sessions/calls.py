@@ -1,8 +1,10 @@
 """The session's call loop: one ``chat``/``stream``/``add`` call, from its messages to its reply — the messages
 appended (room made first, tool results counted, compaction-tool calls run), the schedule ticked between
-them, the due probe, then up to four replies (a reply that only calls ``compact_conversation`` is followed
-by another, as is one that only searches the history), the rates measured and the OpenAI-shaped response built.  A mixin of :class:`~..session.Session`:
-it works on the session's parts (``_ctx``, ``_ledger``, ``_compactor``, ``_prober``, ``_room``)."""
+them, the due probe, the recall of offloaded lines the new messages name (``recall.py``), then up to four
+replies (a reply that only calls ``compact_conversation`` is followed by another, as is one that only
+searches the history), the rates measured and the OpenAI-shaped response built.  A mixin of
+:class:`~..session.Session`: it works on the session's parts (``_ctx``, ``_ledger``, ``_compactor``,
+``_prober``, ``_room``, ``_recall``)."""
 from __future__ import annotations
 
 import contextlib
@@ -60,6 +62,7 @@ class CallLoop:
             yield from self._drain()
             if m["role"] == "tool":
                 self._prober.tool_results(1)
+                self._maker.notes.tool_result(len(self._ledger.transcript) - 1, m)
             if m["role"] == "assistant" and m.get("tool_calls"):
                 answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x["role"] == "tool"}
                 for c in m["tool_calls"]:
@@ -69,7 +72,11 @@ class CallLoop:
             # after the call's last message the reply is the raw tail to come: a preparation may start
             self._compactor.tick(turn_end=i == len(msgs) - 1)
             yield from self._drain()
+        self._recall.note(msgs, skip_calls=self._runs)
         yield from self._probe_if_due()
+        # what the new messages name that only the offloaded history holds, placed before the reply
+        self._recall.run()
+        yield from self._drain()
 
     def _run(self, messages, max_tokens, tools, sampling, streaming):
         with self._one_call():
@@ -130,6 +137,8 @@ class CallLoop:
             for c in own:
                 self._run_tool(c)
                 yield from self._drain()
+            if others:  # their arguments may name offloaded things: recalled once the results are in
+                self._recall.note([msg], skip_calls=self._runs)
             if not own or others:
                 break
             if loops < 3:  # another reply follows (a stream's reader starts a new one here)

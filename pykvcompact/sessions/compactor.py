@@ -249,6 +249,7 @@ class Compactor(BackgroundPreparation):
             self.no_gain_until = len(self.ctx) + self.lim.min_span
             self._skip("no_gain", trigger)
             return None
+        self.maker.notes.close()   # a note's fork of the old sequence would hold cells the new one needs
         info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
         self._history_changed()
         self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
@@ -280,10 +281,13 @@ class Compactor(BackgroundPreparation):
             m = max((k for k in range(ctx.n_prefix + 1, len(infos) + 1) if cut_allowed(infos, k)), default=None)
         if m is None:
             return False
+        if self.policy.mode != "none" and self._summarize_instead(m, need):
+            return True
         t0 = time.perf_counter()
         span = ctx.span(m)
         self.emit(ev.Dropped(m - ctx.n_prefix, span[1] - span[0], reason=reason))
         can_shift = ctx.engine.capabilities.get("can_shift") and self.policy.mode == "none"
+        self.maker.notes.close()
         info = self.swap.run(Replacement(m, None, None, "", []), reason=f"context shift ({reason})",
                              mode="splice" if can_shift else None)
         self._history_changed()
@@ -293,6 +297,32 @@ class Compactor(BackgroundPreparation):
         self.emit(ev.Rebased(info.get("mode", "exact"), info["tokens_before"], info["tokens_after"], stall,
                              int(info.get("catch_up_tokens", 0)), trigger="window", worst_stall_ms=self.worst_stall_ms))
         return True
+
+    def _summarize_instead(self, m: int, need: int) -> bool:
+        """A summarizing mode does not drop a summary message or the user's words while a summary can make
+        the room: when the span a context shift would drop holds either, it is replaced by a summary written
+        without the model (the earlier summary's kept messages, instructions and listed lines carried
+        forward, the span's own listed), if that frees ``need`` tokens.  False when even its smallest plan
+        does not (the caller then drops, the last resort, with a ``dropped`` event)."""
+        ctx = self.ctx
+        span = ctx.entries[ctx.n_prefix:m]
+        if not any(e.summary or e.msg.get("role") == "user" for e in span):
+            return False
+        t0 = time.perf_counter()
+        p_tok, m_tok = ctx.span(m)[:2]
+        self.emit(ev.SummaryStarted(m, ctx.mark_tok(m), background=False, reason="window_full"))
+        try:
+            summary = self.maker.start(m, None, background=False, affordable=0, trigger="window_full").wait()
+            rep = self.maker.replacement(m, summary)
+            while rep is not None and (m_tok - p_tok) - len(rep.tokens) < need:
+                rep = rep.smaller() if rep.smaller is not None else None
+        except Exception:  # noqa: BLE001 - a summary that cannot be built: the drop still makes room
+            return False
+        if rep is None:
+            self._skip("no_gain", "window_full")
+            return False
+        self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
+        return self._swap(rep, "window_full", t0, prepared=False, summary=summary) is not None
 
 
 __all__ = ["Compactor"]

@@ -179,6 +179,10 @@ class Journal:
     def pin(self, index: int) -> None:
         self.write({"op": "pin", "i": index})
 
+    def note(self, index: int, lines: List[str]) -> None:
+        """The model's note of the tool result at ``index`` (sessions/notes.py): kept across save/load."""
+        self.write({"op": "note", "i": index, "lines": list(lines)})
+
     def tools(self, cur_tools) -> None:
         self.write({"op": "tools", "cur_tools": cur_tools})
 
@@ -240,6 +244,7 @@ class Replayed:
     removed_summaries: List[int] = dataclasses.field(default_factory=list)
     pinned: List[int] = dataclasses.field(default_factory=list)
     metas: Dict[int, dict] = dataclasses.field(default_factory=dict)
+    notes: Dict[int, List[str]] = dataclasses.field(default_factory=dict)   # the model's notes (notes.py)
     records: int = 0
     start: int = 0                                 # byte offset of the session's 'open' record
     end: int = 0                                   # byte offset where its last complete record ends
@@ -341,6 +346,11 @@ def _apply(r: Replayed, rec: dict) -> None:
         r.live = [x for x in r.live if x[0] != rec["i"]]
     elif op == "pin":
         r.pinned.append(_index(r, rec["i"]))
+    elif op == "note":
+        lines = rec.get("lines")
+        if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+            raise TypeError("a note's 'lines' must be a list of strings")
+        r.notes[_index(r, rec["i"])] = lines
     elif op == "tools":
         if not isinstance(rec["cur_tools"] or [], list):
             raise TypeError("'cur_tools' must be a list")

@@ -149,20 +149,27 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
     """``(kept, overflow)``: pinned messages and the first user message first (the first user message,
     then pinned ones oldest first, while they fit in ``must_limit`` tokens; None: no limit); then other
     user messages newest first while all fit in ``budget`` tokens. Both lists in transcript order; no
-    duplicates. A message in neither list is not a user message (or a pinned one)."""
+    duplicates: a user message whose text repeats one already kept ("Run the tests." every turn) is kept
+    once, at its newest. A message in neither list is not a user message (or a pinned one), or a repeat."""
     seen, uniq = set(), []
     for c in cands:
         if c.tidx not in seen:
             seen.add(c.tidx)
             uniq.append(c)
     kept, overflow, used = [], [], 0
+    texts = set()
     for c in sorted((c for c in uniq if c.pinned or c.first), key=lambda c: (not c.first, c.tidx)):
         if must_limit is None or used + c.tokens <= must_limit:
             kept.append(c)
             used += c.tokens
+            texts.add(_same_text(c.content))
         else:
             overflow.append(c)
     for c in reversed([c for c in uniq if not (c.pinned or c.first)]):
+        if c.role == "user" and _same_text(c.content) in texts:
+            continue
+        if c.role == "user":
+            texts.add(_same_text(c.content))
         if c.role == "user" and used + c.tokens <= budget:
             kept.append(c)
             used += c.tokens
@@ -170,6 +177,10 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
             overflow.append(c)
     order = lambda c: c.tidx  # noqa: E731
     return sorted(kept, key=order), sorted(overflow, key=order)
+
+
+def _same_text(text: str) -> str:
+    return " ".join((text or "").split()).lower()
 
 
 def trim_lines(text: str, budget: int, count: Callable[[str], int]) -> str:

@@ -116,7 +116,10 @@ def load_session(cls, engine, path, **kwargs):
     journal.resume(r)
     try:
         # a log written before search_history existed: that session did not offer it, keep it so
-        policy = Policy(**{"history_tool": False, **r.policy})
+        stored = dict(r.policy)
+        if "cue_weight" not in stored:   # an older log: its result_cue weighed a wording cue that is gone
+            stored.pop("result_cue", None)
+        policy = Policy(**{"history_tool": False, **stored})
     except (TypeError, ValueError) as e:
         raise errors.InvalidStateError(f"{str(log)!r} holds a policy this version cannot use ({e})") from None
     # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)
@@ -152,6 +155,7 @@ def _restore(s, r) -> None:
     s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
     for i, described in r.metas.items():
         s._maker.restore(r.transcript[i], described)
+    s._maker.notes.notes.update(r.notes)
     if r.cur_tools != s._cur_tools:
         s._cur_tools = s._ctx.tools = r.cur_tools
 

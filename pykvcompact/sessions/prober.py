@@ -1,6 +1,8 @@
 """The rubric probe (SelfCompact): at its cadence, ask the model on a fork whether this is a good moment to
 compact; every due probe is an event — ``probe`` when the model was asked, ``probe_skipped`` and why when
-it was not."""
+it was not.  The verdict adds ``Policy.cue_weight`` at a structural cue (``sessions/cue.py``: the assistant
+just answered without calling a tool, or a user message arrived since the last probe); the wording of a
+tool's output never counts."""
 from __future__ import annotations
 
 import time
@@ -11,7 +13,7 @@ from .. import events as ev
 from ..calibration import ProbeSettings
 from ..policy import probe_due, probe_skip_reason, verdict
 from .port import engine_errors, free_cells
-from .results import states_result
+from .cue import structural_cue
 
 PROBE_PROMPT = ("Context check. {rubric}\n"
                 "Is this a good moment to compact the conversation? Answer with one word: COMPRESS or CONTINUE.")
@@ -23,9 +25,12 @@ class Prober:
         self.ctx, self.policy, self.lim, self.rubric, self.labels, self.emit = ctx, policy, limits, rubric, tuple(labels), emit
         self.gen_since = 0
         self.tools_since = 0
+        self.seen_tidx = -1   # the newest transcript index the last due probe saw (its cue's "since")
         # ask the model or not, and at which threshold: the policy's, else the model's calibration
         self.settings = ProbeSettings.of(policy, ctx.engine, self.labels)
-        if policy.probes and not self.settings.ask:  # stacklevel: Session(...)'s caller
+        # a warning where the probe is the mode's whole point (rubric); background mode has its schedule, and
+        # each due probe says why it was not asked (probe_skipped, no_signal)
+        if policy.mode == "rubric" and not self.settings.ask:  # stacklevel: Session(...)'s caller
             warnings.warn(f"Policy(mode={policy.mode!r}): {self.settings.why}", RuntimeWarning, stacklevel=3)
 
     def generated(self, n: int) -> None:
@@ -55,6 +60,14 @@ class Prober:
             return ctx.tok(N[len(ctx.text):])
         return ctx.tok("\n\n" + q["content"] + "\nAnswer: ")
 
+    def cue(self) -> str:
+        """The structural cue now ("answered", "user" or ""), and mark what this probe has seen: messages are
+        new if their transcript index is above the last due probe's (summary messages are not turns)."""
+        live = [e for e in self.ctx.entries if not e.summary]
+        new = sum(e.tidx > self.seen_tidx for e in live)
+        self.seen_tidx = max([self.seen_tidx] + [e.tidx for e in live])
+        return structural_cue([e.msg for e in live], new, replying=self.ctx.partial is not None)
+
     def run(self, trigger: str, *, has_cut: bool, committing: bool) -> str:
         """Probe now (the cadence said so); returns the verdict ("COMPRESS"/"CONTINUE")."""
         self.gen_since = 0
@@ -62,10 +75,9 @@ class Prober:
             self.tools_since = 0
         n = len(self.ctx)
         fill = n / self.lim.window
-        cue = self.policy.result_cue > 0 and states_result([e.msg for e in self.ctx.entries])
+        cue = bool(self.cue())
         why = ("" if self.settings.ask else "no_signal") or probe_skip_reason(self.policy, self.lim, n) or \
-            ("" if has_cut else "no_cut_point") or ("committing" if committing else "") or \
-            ("no_cue" if self.settings.needs_cue and not cue else "")
+            ("" if has_cut else "no_cut_point") or ("committing" if committing else "")
         toks = [] if why else self.prompt_tokens()
         if not why and len(toks) + 8 > free_cells(self.ctx.engine):
             why = "no_room"  # a summary fork or a prepared context holds the pool right now

@@ -18,6 +18,7 @@ from .ledger import Ledger
 from .novelty import informative, says_something_new
 from .messages import view_of
 from . import results as res
+from .notes import NoteTaker
 from .summary_job import Summary, SummaryJob
 from .port import free_cells
 from .swap import Replacement
@@ -58,6 +59,8 @@ class SummaryMaker:
         self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
+        # what the model noted of each tool result (journaled: kept across save/load)
+        self.notes = NoteTaker(ctx, emit, policy.takes_notes, lambda tidx, lines: ledger.journal.note(tidx, lines))
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
@@ -114,17 +117,17 @@ class SummaryMaker:
             kept, overflow = plan_kept(cands, 0, must_limit=0)
         else:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
-        found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]])
+        found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
         carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
         return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out)
 
     def results_share(self, results: List[str]) -> int:
-        """Tokens of the summary text budget the key results take from the model's summary (at most half:
-        the model still writes the goal, the decisions and the next step)."""
+        """Tokens of the summary text budget the copied lines take from the model's summary (at most a
+        quarter: the model writes the rest; the lines also get what the other parts leave)."""
         if not results:
             return 0
         need = len(self.ctx.tok(res.section(results)))
-        return min(need, self.text_budget() // 2)
+        return min(need, self.text_budget() // 4)
 
     def _pinned_elsewhere(self, cands) -> List[Candidate]:
         """Messages pinned after they left the live context: they come back verbatim in this summary."""
@@ -203,7 +206,7 @@ class SummaryMaker:
 
         # (an earlier summary is carried on its own: the fallback does not quote it again)
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
-        budget = self.text_budget() - self.results_share(plan.results)   # the model's share of the text
+        budget = self.text_budget()   # the model writes first; the copied lines fit in what is left
         writes = budget if affordable is None else min(budget, affordable)
         skip, skip_reason = "", ""
         if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
@@ -295,13 +298,24 @@ class SummaryMaker:
             kept = fit
         if level >= 1:
             extra //= 2 ** level
-        # what the text budget and the kept messages leave, in order: the standing instructions, the key
-        # results (beyond their share of the text), the earlier summary's text (within the text budget only)
+        # what the text budget and the kept messages leave, in order: the standing instructions, the
+        # assistant's own statements, the earlier summaries' text (what the model wrote, within the text
+        # budget only), then the tools' outputs (copied lines: results.py).  The copied lines take at most a
+        # quarter of what the span held, so a short span still gains.
         old_standing = trim_standing(old_standing, carry + extra, count)
         used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
-        results, dropped = res.fit(plan.results, share + max(0, carry + extra - used), count, plan.left_out)
-        used += max(0, (count(res.section(results, dropped)) if results or dropped else 0) - share)
+        p_tok, m_tok = self.ctx.span(mark)[:2]
+        cap = max(0, (m_tok - p_tok) // 4)
+        statements = [x for x in plan.results if res.tier_of(x) == 1]
+        said, _ = res.fit(statements, min(share + max(0, carry + extra - used), cap), count)
+        said_cost = count(res.section(said)) if said else 0
+        used += max(0, said_cost - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
+        used += count(carried) if carried else 0
+        listing = min(max(said_cost, share) + max(0, carry + extra - used), cap)
+        kept_lines = set(said)
+        results, dropped = res.fit([x for x in plan.results if res.tier_of(x) > 1 or x in kept_lines], listing,
+                                   count, plan.left_out + len(statements) - len(said))
         standing = merge_standing(old_standing, new_standing)
         if summary.fallback:   # against what the message finally carries (a smaller context drops some)
             rest = without_repeated_requests(rest, [c.content for c in kept if c.role == "user"] + standing)
@@ -338,8 +352,10 @@ class SummaryMaker:
             if summary.skipped and summary.reason == "uninformative":   # its summaries said nothing new
                 self.not_asked += 1
             return
+        # (the assistant's own statements are not counted as known: condensing them is the model's job,
+        # and a summary that restates them in fewer words is not one that says nothing)
         known = "\n".join([c.content for c in plan.kept] + list(plan.standing) + [plan.carried]
-                          + list(plan.results))
+                          + [x for x in plan.results if res.tier_of(x) > 1])
         self.said_nothing = 0 if says_something_new(rest, known) else self.said_nothing + 1
         self.not_asked = 0
 

@@ -1,0 +1,193 @@
+"""Notes the model writes in the background, right after a tool result: which lines of that output the task
+will need later, copied verbatim.
+
+A small model cannot condense a long history into a summary on a deadline, but right after a tool result it
+can point at the lines of that output that matter to the task in context.  The note is written on a fork of
+the live sequence (only the short request is prefilled; the output is already in the KV cache), by the engine
+thread in background rows next to the conversation's decoding, and the fork is dropped when it is done.  A
+grammar allows only lines of that output, so the model chooses and cannot misquote; lines that are not in the
+output (a backend that ignores grammars) are discarded.  When a summary replaces the span, the note takes the
+place of the structural excerpt of that output (``results.py``), with the priority of the assistant's own
+statements: what is kept of a long output is then what the model chose, not its last line.
+
+Only in ``background`` mode (a synchronous mode would wait for it); ``Policy(notes=False)`` turns it off.
+At most one note is written at a time; a newer tool result replaces one still waiting to start.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+from .. import events as ev
+from ..errors import UnsupportedOperationError
+from .port import engine_errors, free_cells
+
+NOTE_REQUEST = ("Which lines of the tool output above will the task need later? Copy them exactly, one per line, "
+                "most important first.")
+MAX_LINES = 3          # lines one note may copy
+MAX_NOTE_TOKENS = 64   # tokens it may write
+MIN_OUTPUT_LINES = 3   # a shorter output is listed whole by the summary anyway: no note
+MAX_CHOICES = 120      # lines of one output offered to the grammar (the first ones, deduplicated)
+MAX_LINE_CHARS = 200   # a longer line is not offered (a page of data, not a fact)
+
+
+def _literal(text: str) -> str:
+    """A GBNF string literal of ``text``: quotes and backslashes escaped, control characters as \\xNN."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02X}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:   # a lone surrogate: no token sequence spells it
+        return False
+
+
+def choices(content: str) -> List[str]:
+    """The lines of a tool output a note may copy: non-empty, not too long, each once, in order."""
+    seen: Dict[str, None] = {}
+    for line in content.split("\n"):
+        s = line.strip()
+        if s and len(s) <= MAX_LINE_CHARS and s not in seen and _encodable(s):
+            seen[s] = None
+            if len(seen) >= MAX_CHOICES:
+                break
+    return list(seen)
+
+
+def grammar(lines: List[str], most: int = MAX_LINES) -> str:
+    """GBNF: one to ``most`` of ``lines``, one per line (each line exactly as in the output)."""
+    alts = " | ".join(_literal(x) for x in lines)
+    return f'root ::= line ("\\n" line){{0,{most - 1}}}\nline ::= {alts}\n'
+
+
+def noted_lines(text: str, lines: List[str]) -> List[str]:
+    """The lines of the model's note that are lines of the output (stripped), each once, at most MAX_LINES."""
+    allowed = set(lines)
+    out: List[str] = []
+    for raw in (text or "").split("\n"):
+        s = raw.strip()
+        if s in allowed and s not in out:
+            out.append(s)
+    return out[:MAX_LINES]
+
+
+class _Writing:
+    def __init__(self, tidx: int, fork, jobs, lines: List[str], prompt_tokens: int):
+        self.tidx, self.fork, self.jobs, self.lines, self.prompt_tokens = tidx, fork, jobs, lines, prompt_tokens
+        self.t0 = time.perf_counter()
+
+
+class NoteTaker:
+    """``tool_result(tidx)`` after a tool result joined the live context; ``poll()`` between steps;
+    ``notes``: transcript index of a tool result -> the lines its note copied."""
+
+    def __init__(self, ctx, emit: Callable[[ev.Event], None], enabled: bool,
+                 record: Callable[[int, List[str]], None] = lambda tidx, lines: None):
+        self.ctx, self.emit, self.enabled, self.record = ctx, emit, enabled, record
+        self.notes: Dict[int, List[str]] = {}
+        self._writing: Optional[_Writing] = None
+        self._waiting: Optional[int] = None
+
+    def tool_result(self, tidx: int, msg: dict) -> None:
+        content = msg.get("content")
+        if not self.enabled or not isinstance(content, str) or msg.get("recall"):
+            return
+        if len(choices(content)) < MIN_OUTPUT_LINES:
+            return
+        self._waiting = tidx
+        self.poll()
+
+    def poll(self) -> None:
+        w = self._writing
+        if w is not None:
+            if not all(j.done() for j in w.jobs):
+                return
+            self._finish(w)
+        if self._waiting is not None:
+            tidx, self._waiting = self._waiting, None
+            self._start(tidx)
+
+    def close(self) -> None:
+        """Cancel a note in progress and free its fork: the session closes, or a swap is about to replace the
+        live sequence (a fork of the old one would hold cells the rebased context needs)."""
+        w, self._writing, self._waiting = self._writing, None, None
+        if w is not None:
+            for j in w.jobs:
+                try:
+                    j.cancel()
+                except Exception:  # noqa: BLE001 - a finished or failed job
+                    pass
+            self._free(w.fork)
+
+    # ------------------------------------------------------------------ internals
+    def _start(self, tidx: int) -> None:
+        ctx = self.ctx
+        last = ctx.entries[-1] if ctx.entries else None
+        if last is None or last.tidx != tidx or last.summary or ctx.partial is not None:
+            return   # the output is no longer the newest message: "the tool output above" would be another
+        lines = choices(last.msg.get("content") or "")
+        q = {"role": "user", "content": NOTE_REQUEST}
+        text = ctx.render(ctx.views() + [q], True)
+        if not text.startswith(ctx.text):
+            return   # a template that re-renders earlier turns: the note would need a full prefill
+        toks = ctx.tok(text[len(ctx.text):])
+        if len(toks) + MAX_NOTE_TOKENS + 16 > free_cells(ctx.engine):
+            self.emit(ev.NoteSkipped(tidx, "no_room"))
+            return
+        fork = None
+        try:
+            fork = ctx.seq.fork()
+            jobs = [fork.append_background(toks)]
+            jobs.append(fork.generate_background(MAX_NOTE_TOKENS, temperature=0.0, stop=["\n\n"],
+                                                 grammar=grammar(lines)))
+        except UnsupportedOperationError as e:   # a backend without grammars: no notes for this session
+            self._free(fork)
+            self.enabled = False
+            self.emit(ev.NoteSkipped(tidx, f"unsupported: {e}"))
+            return
+        except engine_errors() + (TypeError, ValueError) as e:
+            self._free(fork)
+            self.emit(ev.NoteSkipped(tidx, f"failed: {e}"))
+            return
+        self._writing = _Writing(tidx, fork, jobs, lines, len(toks))
+
+    def _finish(self, w: _Writing) -> None:
+        self._writing = None
+        gen = w.jobs[-1]
+        try:
+            text = self.ctx.detok(list(gen.result(timeout=0)))
+        except Exception as e:  # noqa: BLE001 - a failed job: no note
+            self._free(w.fork)
+            self.emit(ev.NoteSkipped(w.tidx, f"failed: {e}"))
+            return
+        self._free(w.fork)
+        kept = noted_lines(text, w.lines)
+        ms = (time.perf_counter() - w.t0) * 1000.0
+        if not kept:
+            self.emit(ev.NoteSkipped(w.tidx, "empty"))
+            return
+        self.notes[w.tidx] = kept
+        self.record(w.tidx, kept)
+        self.emit(ev.Noted(w.tidx, kept, w.prompt_tokens, len(gen.tokens), ms))
+
+    @staticmethod
+    def _free(fork) -> None:
+        if fork is None:
+            return
+        try:
+            fork.close()
+        except Exception:  # noqa: BLE001 - a closed engine
+            pass
+
+
+__all__ = ["NoteTaker", "NOTE_REQUEST", "choices", "grammar", "noted_lines"]

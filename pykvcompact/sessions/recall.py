@@ -1,0 +1,381 @@
+"""Recall: what a new message names that only the offloaded history holds is placed back before the reply.
+
+A model rarely calls ``search_history`` by itself: asked "What is max_pool_size in services/auth/config.toml?"
+long after that file's listing was compacted away, it answers from what it sees.  So the session looks
+first.  When a user message, or an agent's tool call (its arguments), names a thing — by its *syntax*: a
+path or dotted name (``services/auth/config.toml``), an identifier with an underscore, a digit or inner
+capitals (``max_pool_size``, ``ACC-1042``, ``build_77``, ``getUserById``), a number of three or more
+digits, a quoted string — that the offloaded messages hold and the live context does not show, the session
+runs the ``search_history`` ranking (``history_search.py``: BM25-idf over lines) for those names, then the
+other words of the messages that named them (so "How many replicas ... GATEWAY_RETRIES" also ranks the
+``replicas: 7`` line), and adds the best lines, within a small token budget, as one message before the
+model's reply::
+
+    {"role": "tool", "name": "search_history", "recall": True,
+     "content": "Recalled from the offloaded history (search_history found these lines for max_pool_size):\\n..."}
+
+Why a ``tool`` message named ``search_history``: it is what the tool returns, so the model reads it as a
+lookup and not as something the user said (a summary keeps the user's messages verbatim, by role; a tool
+output is never one of them), later searches skip it (they would echo its lines ahead of the originals),
+and a cut never separates it from the message it follows (no cut lands before a tool message).  The
+``recall`` flag marks it for everything else (``results.py`` does not list it as a tool's output).
+
+What is never done: deciding by wording.  No list of words that "matter" — a plain word ("total",
+"config", "failed") is not a name, whatever it means; and a name the live context shows (in a message, a
+summary, an earlier recall or the tool schemas) needs no recall.  With nothing offloaded the scan is not
+even run; with no name missing from the live context nothing is added and no event is emitted.  An earlier
+call identical to the agent's new one (same tool, same arguments) and its results are no source: the new
+result supersedes them (as ``results.py`` lets a repeated call supersede its earlier outputs).  The recall
+waits while a tool call at the end of the context has no result yet (it never sits between a call and
+its results), and is skipped when the template cannot render it or the window has no room for it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Callable, Iterable, List, Optional, Sequence, Set, Tuple
+
+from .. import events as ev, history_search
+from .messages import ContextWindowError
+
+FLAG = "recall"
+HEADER = "Recalled from the offloaded history (search_history found these lines for {names}):"
+MAX_TOKENS = 128          # the default budget: min(MAX_TOKENS, window // WINDOW_SHARE), at least MIN_TOKENS
+WINDOW_SHARE = 16
+MIN_TOKENS = 24
+MAX_NAMES = 8             # names recalled at once (the first ones named)
+MAX_CANDIDATES = 32       # names checked against the context per call (a pasted log names hundreds)
+SCAN_HEAD = 8000          # characters of a message scanned: its head and its tail (a question after a paste)
+SCAN_TAIL = 4000
+NAME_SHOWN = 48           # characters of a name quoted in the header
+
+# Syntax only.  A quoted string (not a JSON key: no ':' after it), or a word of letters, digits and the
+# joiners . - / : _ @ (an absolute path keeps its leading slash).
+_QUOTED = re.compile(r'"([^"\n]{3,80})"(?!\s*:)|\u201c([^\u201d\n]{3,80})\u201d|`([^`\n]{2,80})`'
+                     r"|(?<!\w)'([^'\n]{3,80})'(?!\w)")
+_WORD = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,])|(?<![\w.])/?\w(?:[\w.\-/:@]*\w)?")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_DIGITS = re.compile(r"\d")
+_SEPARATORS = str.maketrans("", "", ".,:-")
+
+
+def default_budget(window: int) -> int:
+    return max(MIN_TOKENS, min(MAX_TOKENS, window // WINDOW_SHARE))
+
+
+def is_name(word: str) -> bool:
+    """Does ``word`` look like an identifier by its syntax?  A number of at least three digits (a date or a
+    time too); a word with an underscore, with a digit and a letter, or with inner capitals; a dotted
+    name whose parts are not single letters (``config.toml``, ``db.pool.size``, not "e.g"); a path: an
+    absolute one, or one with two slashes, or a slash and a dot, digit or underscore ("and/or" is words)."""
+    if len(word) < 3 or not any(c.isalnum() for c in word):
+        return False
+    digits = len(_DIGITS.findall(word))
+    if digits and digits == len(word.translate(_SEPARATORS)):
+        return digits >= 3                       # a number: of several digits
+    if "_" in word or (digits and any(c.isalpha() for c in word)) or _CAMEL.search(word):
+        return True
+    if "/" in word:
+        return word.startswith("/") or word.count("/") >= 2 or "." in word
+    if "." in word:
+        return len(word) >= 4 and any(len(p) > 1 for p in word.split(".")) and all(word.split("."))
+    return False
+
+
+def names_in(text: str) -> List[str]:
+    """The names ``text`` gives, in order, without repeats (case-insensitive): quoted strings, then the
+    identifier-like words (outside the quotes as well as inside them)."""
+    if not isinstance(text, str) or not text:
+        return []
+    text = _clip(text)
+    out: List[str] = []
+    for m in _QUOTED.finditer(text):
+        q = " ".join(next((g for g in m.groups() if g), "").split())
+        if len(q) >= 3 and history_search.terms(q):
+            out.append(q)
+    for m in _WORD.finditer(text):
+        w = m.group(0).rstrip(".:-/@")
+        if is_name(w):
+            out.append(w)
+    seen: Set[str] = set()
+    uniq = []
+    for n in out:
+        if n.lower() not in seen:
+            seen.add(n.lower())
+            uniq.append(n)
+    return uniq
+
+
+def _strings(value, out: List[str], depth: int = 0) -> None:
+    """The strings (and numbers) in parsed tool-call arguments: values, not keys."""
+    if depth > 8:
+        return
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out.append(str(value))
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings(v, out, depth + 1)
+    elif isinstance(value, list):
+        for v in value[:64]:
+            _strings(v, out, depth + 1)
+
+
+def call_text(call) -> str:
+    """The argument values of one tool call as text (the function's own name is not a name the user gave)."""
+    f = call.get("function", call) if isinstance(call, dict) else None
+    args = f.get("arguments") if isinstance(f, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if len(args) <= 4 * (SCAN_HEAD + SCAN_TAIL) else args
+        except ValueError:
+            pass   # not JSON: its text is scanned as it is
+    out: List[str] = []
+    _strings(args, out)
+    return "\n".join(out)
+
+
+def text_of(msg: dict, skip_calls: Callable[[dict], bool] = lambda c: False) -> str:
+    """What a message says that may name things: a user message's text, an assistant message's tool-call
+    arguments (except calls ``skip_calls`` says the session answers itself); "" for anything else."""
+    if not isinstance(msg, dict) or msg.get("summary") or msg.get(FLAG):
+        return ""
+    if msg.get("role") == "user":
+        c = msg.get("content")
+        if isinstance(c, list):   # content parts (normalized away by the session, but cheap to accept)
+            c = "\n".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in c)
+        return c if isinstance(c, str) else ""
+    if msg.get("role") == "assistant" and isinstance(msg.get("tool_calls"), list):
+        return "\n".join(call_text(c) for c in msg["tool_calls"] if not skip_calls(c))
+    return ""
+
+
+def names_of_message(msg: dict, skip_calls: Callable[[dict], bool] = lambda c: False) -> List[str]:
+    """The names a message gives (:func:`text_of`, :func:`names_in`)."""
+    return names_in(text_of(msg, skip_calls))
+
+
+def _visible_pattern(name: str) -> "re.Pattern":
+    """``name`` as a whole token (not part of a longer word), case-insensitive, spaces as any whitespace."""
+    body = r"\s+".join(re.escape(p) for p in name.split())
+    return re.compile(r"(?<!\w)" + body + r"(?!\w)", re.IGNORECASE)
+
+
+def open_calls(messages: Sequence[dict]) -> bool:
+    """Does a tool call in ``messages`` still wait for its result at their end?  (A recall placed there
+    would sit between a call and its result.)"""
+    pending: List = []
+    for m in messages:
+        if m.get("role") == "user":
+            pending.clear()   # calls nobody answered before the user spoke again are abandoned
+        for c in m.get("tool_calls") or []:
+            pending.append(c.get("id"))
+        if m.get("role") == "tool" and pending and not m.get(FLAG):
+            tid = m.get("tool_call_id")
+            pending.remove(tid if tid in pending else pending[0])
+    return bool(pending)
+
+
+class Recall:
+    """Collects the names of the messages a call adds (:meth:`note`) and, before the reply, adds one recall
+    message for those the offloaded history holds and the live context lacks (:meth:`run`)."""
+
+    def __init__(self, ctx, ledger, budget: int, emit: Callable[[ev.Event], None],
+                 append: Callable[[dict], object], window: int, search_offered: Callable[[], bool]):
+        self.ctx, self.ledger, self.budget, self.emit, self.append = ctx, ledger, budget, emit, append
+        self.window, self.search_offered = window, search_offered
+        self.names: List[str] = []          # named since the last recall, in order
+        self.naming: Set[int] = set()       # id() of the messages that named them (not "the live context")
+        self.texts: List[str] = []          # what those messages said (the search's other words)
+        self.repeats: Set[str] = set()      # the calls they made (an earlier identical call is no source)
+        self._off_key: Optional[Tuple[int, int]] = None
+        self._off_text = ""
+        self._off_pairs: List[Tuple[int, dict]] = []
+
+    # ------------------------------------------------------------------ collecting
+    def note(self, msgs: Iterable[dict], skip_calls: Callable[[dict], bool] = lambda c: False) -> None:
+        """Remember what ``msgs`` (just added, or just generated) name.  Nothing is scanned while nothing
+        is offloaded, nor with a zero budget."""
+        if self.budget <= 0 or not self.ledger.offloaded:
+            return
+        for m in msgs:
+            try:
+                text = text_of(m, skip_calls)
+                found = names_in(text)
+            except (TypeError, ValueError, AttributeError):   # a message of an unexpected shape: no names
+                text, found = "", []
+            if found:
+                self.naming.add(id(m))
+                self.texts.append(_clip(text))
+                self.repeats.update(_signature(c) for c in (m.get("tool_calls") or []) if not skip_calls(c))
+                have = {n.lower() for n in self.names}
+                self.names.extend(n for n in found if n.lower() not in have)
+        del self.names[MAX_CANDIDATES:]
+        del self.texts[:-MAX_NAMES]
+
+    def clear(self) -> None:
+        self.names, self.naming, self.texts, self.repeats = [], set(), [], set()
+
+    # ------------------------------------------------------------------ recalling
+    def run(self) -> Optional[dict]:
+        """Add the recall message for the names noted, when some are missing from the live context and in
+        the offloaded history; returns it (``None`` when nothing was recalled).  Waits (keeps the names)
+        while a tool call at the end of the context has no result yet."""
+        if not self.names:
+            return None
+        if self.budget <= 0 or not self.ledger.offloaded:
+            self.clear()
+            return None
+        entries = self.ctx.entries
+        if open_calls([e.msg for e in entries]):
+            return None   # after the results (the next call), not between a call and its results
+        names, naming, texts, repeats = self.names, self.naming, self.texts, self.repeats
+        self.clear()
+        missing, pairs = self._missing(names, naming, entries, repeats)
+        if not missing:
+            return None
+        msg, shown, tokens = self._message(missing, texts, pairs)
+        while msg is None and len(missing) > 1:   # a small budget: fewer names (the first ones named)
+            missing = missing[:len(missing) // 2]
+            msg, shown, tokens = self._message(missing, texts, pairs)
+        if msg is None:
+            return None
+        try:   # a template that cannot render a lone tool message: no recall rather than a failed call
+            self.ctx.render(self.ctx.views() + [msg])
+        except Exception:  # noqa: BLE001 - jinja raises its own errors (raise_exception in the template)
+            return None
+        try:
+            self.append(msg)
+        except ContextWindowError:   # no room even after compaction: the reply needs the window more
+            return None
+        self.emit(ev.Recalled(list(missing), shown, tokens, len(self.ctx) / self.window))
+        return msg
+
+    def _offloaded(self) -> Tuple[List[Tuple[int, dict]], str]:
+        """``(transcript index, message)`` of the searchable offloaded messages, and their text (cached
+        until more are offloaded)."""
+        off = self.ledger.offloaded
+        key = (id(off), len(off))
+        if key != self._off_key:
+            where = {id(m): i for i, m in enumerate(self.ledger.transcript)}
+            self._off_pairs = [(where.get(id(m), -1), m) for m in off
+                               if history_search.searchable(m) and not m.get(FLAG)]
+            self._off_text = "\n".join(_text(m) for _, m in self._off_pairs)
+            self._off_key = key
+        return self._off_pairs, self._off_text
+
+    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset()
+                 ) -> Tuple[List[str], list]:
+        """The names the offloaded history holds and the live context (but the messages that named them)
+        does not show, each as a whole token (``max_pool`` is not ``max_pool_size``), case-insensitive;
+        at most :data:`MAX_NAMES`; and the offloaded ``(index, message)`` pairs searched.  Not sources: a
+        message that named them (offloaded since), and an earlier call identical to one they made (same
+        tool, same arguments) with its results — a repeated call's new result supersedes them."""
+        pairs, off_text = self._offloaded()
+        stale = _repeated(pairs, repeats) if repeats else set()
+        if stale or any(id(m) in naming for _, m in pairs):
+            pairs = [(i, m) for i, m in pairs if id(m) not in naming and id(m) not in stale]
+            off_text = "\n".join(_text(m) for _, m in pairs)
+        if not pairs:
+            return [], pairs
+        live = "\n".join(_text(e.msg) for e in entries if id(e.msg) not in naming)
+        if self.ctx.tools:
+            live += "\n" + json.dumps(self.ctx.tools, ensure_ascii=False)
+        out = []
+        for n in names:
+            pat = _visible_pattern(n)
+            if not pat.search(live) and pat.search(off_text):
+                out.append(n)
+                if len(out) >= MAX_NAMES:
+                    break
+        return out, pairs
+
+    def _message(self, missing: List[str], texts: Sequence[str], pairs) -> Tuple[Optional[dict], int, int]:
+        """The recall message for ``missing`` within the budget: ``(message, lines shown, tokens)``.  The
+        search is the one ``search_history`` runs for a query of the missing names first, then the other
+        words of the messages that named them, newest first (the search keeps the first
+        ``history_search.MAX_TERMS`` terms, without stop words)."""
+        count = self._count
+        header = _header(missing, count, self.budget // 3)
+        query = " ".join(list(missing) + list(reversed(texts)))
+        more = ": search_history finds them)" if self.search_offered() else ": they are in the history file)"
+        # the header replaces the result's intro (which the search counts in its budget)
+        intro = f"Matches for {history_search._quote(query)} in the compacted messages (best first):"
+        budget = self.budget - count(header) + count(intro)
+        for _ in range(4):   # re-measured: the header and the footer's wording differ from the search's
+            room = budget
+            if room <= count(intro):
+                return None, 0, 0
+            text, shown = history_search.search_result(pairs, query, budget=room, count=count)
+            if not shown:
+                return None, 0, 0
+            lines = text.split("\n")[1:]   # the result's intro names the query: the header says it better
+            if lines and lines[-1].startswith("(") and lines[-1].endswith(": refine the query)"):
+                lines[-1] = lines[-1][: -len(": refine the query)")] + more
+            content = "\n".join([header] + lines)
+            tokens = count(content)
+            if tokens <= self.budget:
+                return {"role": "tool", "name": history_search.NAME, "content": content, FLAG: True}, shown, tokens
+            budget -= tokens - self.budget
+        return None, 0, 0
+
+    def _count(self, text: str) -> int:
+        return len(self.ctx.tok(text))
+
+
+def _signature(call) -> str:
+    """A call's tool and arguments (parsed when they are JSON: key order and spacing do not count)."""
+    f = call.get("function", call) if isinstance(call, dict) else {}
+    if not isinstance(f, dict):
+        return ""
+    args = f.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass
+    try:
+        return json.dumps([f.get("name"), args], sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr([f.get("name"), args])
+
+
+def _repeated(pairs, repeats: Set[str]) -> Set[int]:
+    """id() of the offloaded assistant messages whose calls are all among ``repeats``, and of their results."""
+    out, ids = set(), set()
+    for _, m in pairs:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls and isinstance(calls, list) and all(_signature(c) in repeats for c in calls):
+            out.add(id(m))
+            ids.update(c.get("id") for c in calls if isinstance(c, dict) and c.get("id"))
+        elif m.get("role") == "tool" and m.get("tool_call_id") in ids:
+            out.add(id(m))
+    return out
+
+
+def _header(names: Sequence[str], count: Callable[[str], int], most: int) -> str:
+    """The recall's first line, naming what it was for: as many of ``names`` as keep it within ``most``
+    tokens (at least one), the others counted."""
+    shown = [n if len(n) <= NAME_SHOWN else n[:NAME_SHOWN] + "..." for n in names]
+    for k in range(len(shown), 0, -1):
+        rest = f" and {len(shown) - k} more" if k < len(shown) else ""
+        header = HEADER.format(names=", ".join(shown[:k]) + rest)
+        if count(header) <= most or k == 1:
+            return header
+    return HEADER.format(names="")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SCAN_HEAD + SCAN_TAIL else text[:SCAN_HEAD] + "\n" + text[-SCAN_TAIL:]
+
+
+def _text(msg: dict) -> str:
+    try:
+        return history_search._text(msg)
+    except (TypeError, AttributeError, ValueError):
+        return ""
+
+
+__all__ = ["Recall", "FLAG", "HEADER", "default_budget", "names_in", "names_of_message", "text_of", "is_name",
+           "open_calls"]

@@ -1,0 +1,171 @@
+"""The model's notes (sessions/notes.py): right after a tool result, on a fork in the background, the model
+copies the lines of that output the task needs; a summary replacing the output keeps them first."""
+from __future__ import annotations
+
+import pykvcompact as pk
+from pykvcompact.sessions import notes as N
+from pykvcompact.sessions import results as R
+
+from fake_engine import FakeEngine
+
+
+def call(i, name, **args):
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def out(i, text):
+    return {"role": "tool", "tool_call_id": f"c{i}", "content": text}
+
+
+def config(i):
+    keys = [f"opt_{k} = {k * 7 + i}" for k in range(24)]
+    keys.insert(1, f"max_pool_size = {40 + i}")   # second line: what the fake model notes
+    return "\n".join(keys)
+
+
+def test_choices_grammar_and_the_lines_kept():
+    text = "a = 1\n\n  b = 2\na = 1\n" + "x" * 300 + "\nquote \"q\" \\ end"
+    lines = N.choices(text)
+    assert lines == ["a = 1", "b = 2", 'quote "q" \\ end']   # stripped, each once, no over-long line
+    g = N.grammar(lines, 3)
+    assert g.startswith('root ::= line ("\\n" line){0,2}') and '"quote \\"q\\" \\\\ end"' in g
+    assert N.noted_lines("b = 2\nnot a line\nb = 2\n a = 1 ", lines) == ["b = 2", "a = 1"]
+    assert N.noted_lines("", lines) == [] and N.noted_lines("zzz", lines) == []
+
+
+def session(tmp_path, mode="background", **pol):
+    eng = FakeEngine(n_ctx=8192)
+    return eng, pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id=mode,
+                           policy=pk.Policy(mode=mode, window=1600, compact_tool=False, history_tool=False,
+                                            summary_max_tokens=160, **pol))
+
+
+def test_a_note_per_tool_result_in_background_mode_and_its_lines_outlive_the_output(tmp_path):
+    eng, s = session(tmp_path)
+    s.chat("Audit the pool sizes of every service.", max_tokens=8)
+    for i in range(12):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i))])
+    noted = [e for e in s.events if e.name == "noted"]
+    assert len(noted) >= 10 and all(e.lines and e.lines[0].startswith("max_pool_size = ") for e in noted)
+    assert all(e.prompt_tokens > 0 and e.tokens > 0 for e in noted)
+    assert sum(e.name == "rebased" for e in s.events) >= 2
+    text = "\n".join(m["content"] for m in s.messages if m.get("summary"))
+    gone = [i for i in range(12) if not any(f"max_pool_size = {40 + i}" in (m.get("content") or "")
+                                            for m in s.messages if not m.get("summary"))]
+    assert gone
+    import re
+    left_out = sum(int(x) for x in re.findall(r"\((\d+) earlier lines left out for space", text.split("\n\n")[-1]))
+    missing = [i for i in gone if f"{R.NOTED} read_file(path=services/s{i}/config.toml): max_pool_size = {40 + i}"
+               not in text]
+    assert len(missing) <= left_out and max(gone) not in missing, text   # only the oldest, for space
+    s.close()
+    assert s._maker.notes._writing is None
+
+
+def test_no_notes_in_synchronous_modes_or_when_turned_off(tmp_path):
+    for mode, pol in (("hard", {}), ("background", {"notes": False})):
+        _, s = session(tmp_path / mode, mode, **pol)
+        s.chat("Audit.", max_tokens=8)
+        for i in range(3):
+            s.add([call(i, "read_file", path=f"s{i}.toml"), out(i, config(i))])
+        assert not any(e.name in ("noted", "note_skipped") for e in s.events), mode
+        s.close()
+
+
+def test_a_note_that_copies_nothing_of_the_output_is_not_kept(tmp_path):
+    eng, s = session(tmp_path)
+    eng.responder = lambda prompt: "The pool size is probably 99."   # not a line of the output
+    s.chat("Audit.", max_tokens=8)
+    s.add([call(0, "read_file", path="a.toml"), out(0, config(0))])
+    s.chat("next", max_tokens=8)
+    assert [e.reason for e in s.events if e.name == "note_skipped"] == ["empty"]
+    assert not s._maker.notes.notes
+    s.close()
+
+
+def test_short_outputs_and_recall_messages_get_no_note(tmp_path):
+    _, s = session(tmp_path)
+    s.chat("Audit.", max_tokens=8)
+    s.add([call(0, "check"), out(0, "ok\nall good")])
+    s.chat("next", max_tokens=8)
+    assert not any(e.name in ("noted", "note_skipped") for e in s.events)
+    s.close()
+
+
+def test_notes_policy_validation():
+    import pytest
+    with pytest.raises(ValueError, match="notes"):
+        pk.Policy(notes="yes")
+    assert pk.Policy().takes_notes and not pk.Policy(mode="hard").takes_notes
+    assert not pk.Policy(notes=False).takes_notes
+
+
+def test_a_slow_note_does_not_hold_the_old_sequence_through_a_swap(tmp_path):
+    """Review: a note still being written when a swap came kept its fork of the old sequence, whose cells the
+    rebased context then lacked (ContextFullError on a pool sized for the session)."""
+    eng = FakeEngine(n_ctx=3100, bg_polls=12)   # background jobs need 12 polls: notes overlap the swaps
+    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="slow",
+                   policy=pk.Policy(mode="background", window=1600, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=160))
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(16):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i))])
+        if i % 2:
+            s.chat(f"next {i}", max_tokens=8)
+    assert sum(e.name == "rebased" for e in s.events) >= 2
+    s.close()
+
+
+def test_notes_survive_save_and_load(tmp_path):
+    eng, s = session(tmp_path)
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(3):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i))])
+    s.chat("next", max_tokens=8)
+    before = dict(s._maker.notes.notes)
+    assert before
+    path = tmp_path / "snap.pkv"
+    s.save(path)
+    s.close()
+    s2 = pk.Session.load(FakeEngine(n_ctx=8192), path)
+    assert s2._maker.notes.notes == before
+    s2.close()
+    s3 = pk.Session.load(FakeEngine(n_ctx=8192), s.log_path)   # from the log alone
+    assert s3._maker.notes.notes == before
+    s3.close()
+
+
+def test_control_characters_and_unencodable_lines_keep_the_grammar_valid():
+    lines = N.choices("a\x00b = 1\nc\x1b[0m = 2\n\ud800 lone\nplain = 3")
+    assert lines == ["a\x00b = 1", "c\x1b[0m = 2", "plain = 3"]
+    g = N.grammar(lines)
+    assert "\x00" not in g and "\x1b" not in g and "\\x00" in g and "\\x1B" in g
+
+
+def test_a_backend_without_grammars_turns_notes_off_once(tmp_path):
+    from pykvcompact.errors import UnsupportedOperationError
+    eng, s = session(tmp_path)
+    real = type(s._ctx.seq).generate_background
+
+    def no_grammar(self, max_tokens, **kw):
+        if kw.get("grammar"):
+            raise UnsupportedOperationError("this server takes no grammar")
+        return real(self, max_tokens, **kw)
+    type(s._ctx.seq).generate_background = no_grammar
+    try:
+        s.chat("Audit.", max_tokens=8)
+        for i in range(3):
+            s.add([call(i, "read_file", path=f"s{i}.toml"), out(i, config(i))])
+        skipped = [e.reason for e in s.events if e.name == "note_skipped"]
+        assert len(skipped) == 1 and skipped[0].startswith("unsupported") and not s._maker.notes.enabled
+    finally:
+        type(s._ctx.seq).generate_background = real
+        s.close()
+
+
+def test_notes_true_needs_background_mode():
+    import pytest
+    with pytest.raises(ValueError, match="background"):
+        pk.Policy(mode="hard", notes=True)
+    assert pk.Policy(mode="background", notes=True).takes_notes

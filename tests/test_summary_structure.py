@@ -1,0 +1,107 @@
+"""What a summary message keeps is decided by structure (issue 33): a summarizing mode never drops the
+summary or the user's words to make room, and a user message repeated turn after turn is kept once."""
+from __future__ import annotations
+
+import pykvcompact as pk
+from pykvcompact.sessions import results as R
+
+from fake_engine import FakeEngine
+
+RULES = "Rules for the whole task: answer in English; never touch billing.py; report every value with its unit."
+
+
+def call(i, name, **args):
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def out(i, text):
+    return {"role": "tool", "tool_call_id": f"c{i}", "content": text}
+
+
+def tool_page(i, lines=30):
+    return "\n".join(f"2026-03-{i % 28 + 1:02d}T10:{k:02d}:00Z worker-{i} INFO processed batch {i * 100 + k}"
+                     for k in range(lines))
+
+
+def session(tmp_path, mode, window, **pol):
+    eng = FakeEngine(n_ctx=8192)
+    pol.setdefault("summary_max_tokens", 64)
+    return pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id=mode,
+                      policy=pk.Policy(mode=mode, window=window, compact_tool=False, history_tool=False, **pol))
+
+
+def test_large_tool_pages_never_drop_the_summary_or_the_users_words(tmp_path):
+    # issue 33: in hard at window 1024 with ~340-token pages, the fifth page dropped the summary message
+    # that carried the user's first message, and the rules were gone for the rest of the session
+    for mode in ("hard", "background"):
+        s = session(tmp_path / mode, mode, 1024)
+        s.chat(RULES, max_tokens=8)
+        for i in range(14):
+            s.add([call(i, "read_log", page=i + 1), out(i, tool_page(i))])
+            assert "never touch billing.py" in s.render(), (mode, i)
+            assert len(s.tokens) <= s.window
+        dropped = [e for e in s.events if e.name == "dropped"]
+        assert not dropped, (mode, dropped)
+        assert sum(e.name == "rebased" for e in s.events) >= 3
+        s.close()
+
+
+def test_a_repeated_user_message_is_kept_once(tmp_path):
+    s = session(tmp_path, "hard", 1200, keep_user_tokens=300)
+    s.chat("Fix the parser task. " + RULES, max_tokens=8)
+    for i in range(12):
+        s.chat("Apply the next change for the parser task and run the tests.", max_tokens=8)
+        s.add([call(i, "run_tests"), out(i, f"{i} failed, {12 - i} passed in 0.2s")])
+        s.add([call(100 + i, "read_file", path=f"src/p{i}.py"), out(100 + i, tool_page(i, 12))])
+    summaries = [m["content"] for m in s.messages if m.get("summary")]
+    assert summaries and sum(e.name == "rebased" for e in s.events) >= 2
+    text = summaries[-1]
+    assert text.count("Apply the next change for the parser task and run the tests.") <= 1
+    # the newest output of the repeated call supersedes the earlier ones in the copied lines
+    assert sum(line.startswith("- run_tests") for line in text.split("\n")) <= 1
+    s.close()
+
+
+def test_an_assistant_statement_outlives_tool_output_in_the_copied_lines(tmp_path):
+    s = session(tmp_path, "hard", 2048, summary_max_tokens=256)   # the default's budget at this window
+    s.chat("Audit the service configs. " + RULES, max_tokens=8)
+    for i in range(10):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"),
+               out(i, "\n".join(f"key_{k} = {k * i}" for k in range(30))),
+               {"role": "assistant", "content": f"services/s{i}/config.toml sets max_pool_size = {40 + i}."}])
+    text = "\n".join(m["content"] for m in s.messages if m.get("summary"))
+    gone = [i for i in range(10) if not any(f"max_pool_size = {40 + i}" in (m.get("content") or "")
+                                            for m in s.messages if not m.get("summary"))]
+    assert gone, "the scenario must compact the statements away"
+    assert all(f"sets max_pool_size = {40 + i}." in text for i in gone)
+    assert R.RESULTS_HEADING in text
+    s.close()
+
+
+def test_a_context_shift_in_a_summarizing_mode_summarizes_instead_of_dropping(tmp_path):
+    """The last resort of a full window with no cut point (Compactor.drop): in a summarizing mode, a span
+    holding the summary or the user's words is replaced by a summary written without the model, which
+    carries them; only mode none drops."""
+    s = session(tmp_path, "hard", 1024)
+    s.chat(RULES, max_tokens=8)
+    for i in range(6):
+        s.add([call(i, "read_log", page=i + 1), out(i, tool_page(i, 12))])
+    assert any(m.get("summary") for m in s.messages) and "never touch billing.py" in s.render()
+    before = len(s.events)
+    comp = s._compactor   # (the path a full window with no cut point takes; forced here)
+    assert comp.drop(60, "no_cut_point")
+    new = [e.name for e in s.events[before:]]
+    assert "dropped" not in new and "rebased" in new
+    assert "never touch billing.py" in s.render()
+    assert s.messages[1].get("summary")
+    s.close()
+
+    n = session(tmp_path / "none", "none", 1024)
+    n.chat(RULES, max_tokens=8)
+    for i in range(3):
+        n.add([call(i, "read_log", page=i + 1), out(i, tool_page(i, 12))])
+    before = len(n.events)
+    assert n._compactor.drop(60, "truncation")
+    assert "dropped" in [e.name for e in n.events[before:]]
+    n.close()
