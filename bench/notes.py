@@ -25,7 +25,7 @@ import time
 
 import pykvcompact as pk
 from pykvcompact.chat_template import ChatTemplate
-from pykvcompact.sessions.notes import MAX_NOTE_TOKENS, NOTE_REQUEST, choices, grammar, noted_lines
+from pykvcompact.sessions.notes import MAX_NOTE_TOKENS, choices, grammar, note_request, noted_lines
 
 WORDS = ["amber", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "krypton"]
 
@@ -94,7 +94,7 @@ def episode(eng, tpl: ChatTemplate, kind: str, reads: int, seed: int) -> list:
                  {"role": "tool", "tool_call_id": f"c{i}", "content": output}]
         base = tpl.render(msgs)
         lines = choices(output)
-        full = tpl.render(msgs + [{"role": "user", "content": NOTE_REQUEST}], add_generation_prompt=True)
+        full = tpl.render(msgs + [{"role": "user", "content": note_request(task)}], add_generation_prompt=True)
         with eng.sequence(eng.tokenize(base)) as seq:
             with seq.fork() as fork:
                 t0 = time.perf_counter()
@@ -127,9 +127,9 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     eng = pk.Engine(model=args.model, n_ctx=8192, n_seq_max=4, n_threads=args.threads)
     tpl = ChatTemplate.from_engine(eng)
-    result = {"model": args.model, "request": NOTE_REQUEST, "max_note_tokens": MAX_NOTE_TOKENS, "seed": args.seed,
-              "tuned_on": "the request was chosen on a TOML-config scenario (exp: 9 of 12 target lines); the log and "
-                          "csv kinds were written afterwards and not tuned on", "kinds": {}}
+    result = {"model": args.model, "request": note_request("{task}"), "max_note_tokens": MAX_NOTE_TOKENS, "seed": args.seed,
+              "tuned_on": "config: the request (and quoting the task in it) was chosen on config reads; log and csv "
+                          "were not tuned on", "kinds": {}}
     for kind in args.kinds.split(","):
         rows = episode(eng, tpl, kind, args.reads, args.seed)
         result["kinds"][kind] = {"summary": summary(rows), "rows": rows}

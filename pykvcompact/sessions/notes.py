@@ -2,7 +2,9 @@
 will need later, copied verbatim.
 
 A small model cannot condense a long history into a summary on a deadline, but right after a tool result it
-can point at the lines of that output that matter to the task in context.  The note is written on a fork of
+can point at the lines of that output that matter to the task, when the request quotes the task (the first
+user message, clipped): without it Qwen2.5-Coder-1.5B copied a config's first lines (0 of 4 notes held the
+asked keys in ``bench/notes.py``; 3 of 4 with it).  The note is written on a fork of
 the live sequence (only the short request is prefilled; the output is already in the KV cache), by the engine
 thread in background rows next to the conversation's decoding, and the fork is dropped when it is done.  A
 grammar allows only lines of that output, so the model chooses and cannot misquote; lines that are not in the
@@ -24,6 +26,20 @@ from .port import engine_errors, free_cells
 
 NOTE_REQUEST = ("Which lines of the tool output above will the task need later? Copy them exactly, one per line, "
                 "most important first.")
+# the task, quoted (the first user message, clipped): a small model otherwise copies the output's first lines
+NOTE_REQUEST_WITH_TASK = ("The task: \"{task}\"\nWhich lines of the tool output above does this task need? Copy "
+                          "them exactly, one per line, most important first.")
+TASK_CHARS = 300   # of the first user message quoted in the request
+
+
+def note_request(task: str = "") -> str:
+    """The request after a tool output: with the task quoted when there is one."""
+    task = " ".join((task or "").split())
+    if not task:
+        return NOTE_REQUEST
+    if len(task) > TASK_CHARS:
+        task = task[: TASK_CHARS // 2].rstrip() + " … " + task[-TASK_CHARS // 2:].lstrip()
+    return NOTE_REQUEST_WITH_TASK.format(task=task.replace('"', "'"))
 MAX_LINES = 3          # lines one note may copy
 MAX_NOTE_TOKENS = 64   # tokens it may write
 MIN_OUTPUT_LINES = 3   # a shorter output is listed whole by the summary anyway: no note
@@ -92,8 +108,9 @@ class NoteTaker:
     ``notes``: transcript index of a tool result -> the lines its note copied."""
 
     def __init__(self, ctx, emit: Callable[[ev.Event], None], enabled: bool,
-                 record: Callable[[int, List[str]], None] = lambda tidx, lines: None):
-        self.ctx, self.emit, self.enabled, self.record = ctx, emit, enabled, record
+                 record: Callable[[int, List[str]], None] = lambda tidx, lines: None,
+                 task: Callable[[], str] = lambda: ""):
+        self.ctx, self.emit, self.enabled, self.record, self.task = ctx, emit, enabled, record, task
         self.notes: Dict[int, List[str]] = {}
         self._writing: Optional[_Writing] = None
         self._waiting: Optional[int] = None
@@ -136,7 +153,7 @@ class NoteTaker:
         if last is None or last.tidx != tidx or last.summary or ctx.partial is not None:
             return   # the output is no longer the newest message: "the tool output above" would be another
         lines = choices(last.msg.get("content") or "")
-        q = {"role": "user", "content": NOTE_REQUEST}
+        q = {"role": "user", "content": note_request(self.task())}
         text = ctx.render(ctx.views() + [q], True)
         if not text.startswith(ctx.text):
             return   # a template that re-renders earlier turns: the note would need a full prefill
@@ -190,4 +207,5 @@ class NoteTaker:
             pass
 
 
-__all__ = ["NoteTaker", "NOTE_REQUEST", "choices", "grammar", "noted_lines"]
+__all__ = ["NoteTaker", "NOTE_REQUEST", "NOTE_REQUEST_WITH_TASK", "note_request", "choices", "grammar",
+           "noted_lines"]

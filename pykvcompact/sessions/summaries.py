@@ -18,6 +18,7 @@ from .ledger import Ledger
 from .novelty import informative, says_something_new
 from .messages import view_of
 from . import results as res
+from ..calibration import notes_help
 from .notes import NoteTaker
 from .summary_job import Summary, SummaryJob
 from .port import free_cells
@@ -60,7 +61,9 @@ class SummaryMaker:
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
         # what the model noted of each tool result (journaled: kept across save/load)
-        self.notes = NoteTaker(ctx, emit, policy.takes_notes, lambda tidx, lines: ledger.journal.note(tidx, lines))
+        # (Policy(notes=None) takes none on a model measured to note nothing useful: calibration.notes_help)
+        takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
+        self.notes = NoteTaker(ctx, emit, takes, lambda tidx, lines: ledger.journal.note(tidx, lines), self._task)
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
@@ -83,6 +86,12 @@ class SummaryMaker:
                 self.not_asked = int(model.get("not_asked") or 0)
 
     # ------------------------------------------------------------------ what is kept
+    def _task(self) -> str:
+        """The first user message's text (the task a note is asked about), "" before there is one."""
+        i = self._first_user()
+        content = self.ledger.transcript[i].get("content") if i is not None else ""
+        return content if isinstance(content, str) else ""
+
     def _first_user(self) -> Optional[int]:
         return next((i for i, m in enumerate(self.ledger.transcript)
                      if m.get("role") == "user" and not m.get("summary")), None)
