@@ -160,7 +160,9 @@ class Noted(Event):
 @dataclass
 class NoteSkipped(Event):
     """No note for the tool result at ``message``: ``reason`` is no_room (the pool's cells are in use),
-    empty (the model copied no line of the output), or failed: ... (the engine refused the job)."""
+    superseded (a newer output came before it started), empty (the model copied no line of the output),
+    unsupported: ... (the backend takes no grammar: notes stop for the session) or failed: ... (the engine
+    refused the job)."""
     message: int
     reason: str
     t: float = field(default_factory=time.time)

@@ -249,8 +249,8 @@ class Compactor(BackgroundPreparation):
             self.no_gain_until = len(self.ctx) + self.lim.min_span
             self._skip("no_gain", trigger)
             return None
-        self.maker.notes.close()   # a note's fork of the old sequence would hold cells the new one needs
         info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
+        self._notes_fit()
         self._history_changed()
         self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
@@ -287,16 +287,24 @@ class Compactor(BackgroundPreparation):
         span = ctx.span(m)
         self.emit(ev.Dropped(m - ctx.n_prefix, span[1] - span[0], reason=reason))
         can_shift = ctx.engine.capabilities.get("can_shift") and self.policy.mode == "none"
-        self.maker.notes.close()
         info = self.swap.run(Replacement(m, None, None, "", []), reason=f"context shift ({reason})",
                              mode="splice" if can_shift else None)
         self._history_changed()
+        self._notes_fit()
         self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
         self.worst_stall_ms = max(self.worst_stall_ms, stall)
         self.emit(ev.Rebased(info.get("mode", "exact"), info["tokens_before"], info["tokens_after"], stall,
                              int(info.get("catch_up_tokens", 0)), trigger="window", worst_stall_ms=self.worst_stall_ms))
         return True
+
+    def _notes_fit(self) -> None:
+        """After a swap a note still being written holds its fork of the old sequence, whose cells the live
+        one no longer shares: it is cancelled when the pool lacks the room the live context may still grow
+        into (the window's rest and the session's forks), else it finishes."""
+        need = self.lim.window - len(self.ctx) + (self.fork_cells or 0)
+        if self.maker.notes.writing and free_cells(self.ctx.engine) < need:
+            self.maker.notes.close("no_room")
 
     def _summarize_instead(self, m: int, need: int) -> bool:
         """A summarizing mode does not drop a summary message or the user's words while a summary can make

@@ -321,6 +321,8 @@ def _apply(r: Replayed, rec: dict) -> None:
         _check_msg(rec["msg"])
         if rec.get("view") is not None:
             _check_msg(rec["view"])
+        if not isinstance(rec.get("live", True), bool):
+            raise TypeError("a message record's 'live' must be true or false")
         r.transcript.append(rec["msg"])
         if rec.get("live", True):
             r.live.append((rec["i"], rec.get("view")))

@@ -13,7 +13,9 @@ place of the structural excerpt of that output (``results.py``), with the priori
 statements: what is kept of a long output is then what the model chose, not its last line.
 
 Only in ``background`` mode (a synchronous mode would wait for it); ``Policy(notes=False)`` turns it off.
-At most one note is written at a time; a newer tool result replaces one still waiting to start.
+At most one note is written at a time; a newer tool result replaces one still waiting to start
+(``note_skipped`` superseded).  A note goes on through a swap unless the pool lacks the cells its fork of
+the old sequence holds (``note_skipped`` no_room).
 """
 from __future__ import annotations
 
@@ -121,6 +123,8 @@ class NoteTaker:
             return
         if len(choices(content)) < MIN_OUTPUT_LINES:
             return
+        if self._waiting is not None:   # a newer output came before the older one's note could start
+            self.emit(ev.NoteSkipped(self._waiting, "superseded"))
         self._waiting = tidx
         self.poll()
 
@@ -134,10 +138,16 @@ class NoteTaker:
             tidx, self._waiting = self._waiting, None
             self._start(tidx)
 
-    def close(self) -> None:
-        """Cancel a note in progress and free its fork: the session closes, or a swap is about to replace the
-        live sequence (a fork of the old one would hold cells the rebased context needs)."""
+    @property
+    def writing(self) -> bool:
+        return self._writing is not None
+
+    def close(self, reason: str = "") -> None:
+        """Cancel a note in progress and free its fork: the session closes, or after a swap the pool lacks
+        the cells its fork of the old sequence holds (``reason``: said in a ``note_skipped`` event)."""
         w, self._writing, self._waiting = self._writing, None, None
+        if w is not None and reason:
+            self.emit(ev.NoteSkipped(w.tidx, reason))
         if w is not None:
             for j in w.jobs:
                 try:
