@@ -126,7 +126,8 @@ def offloaded_session(tmp_path, **kw):
 
 
 def recalls(s):
-    return [m for m in s.messages if m.get("recall")]
+    """The recall results in the live context (each follows its search_history call, also flagged)."""
+    return [m for m in s.messages if m.get("recall") and m["role"] == "tool"]
 
 
 def recalled_events(s):
@@ -177,20 +178,25 @@ def test_a_value_in_the_middle_of_an_offloaded_output_is_recalled_before_the_rep
     assert len(evs) == 1 and "max_pool_size" in evs[0].names and evs[0].lines >= 1
     assert got.index(evs[0]) < min(k for k, x in enumerate(got) if isinstance(x, str))
     assert evs[0].to_dict()["event"] == "recalled"
-    # the live context: the question, then the recall, then the reply
+    # the live context: the question, then the recall (a search_history call and its result), then the reply
     msgs = s.messages
-    k = next(i for i, m in enumerate(msgs) if m.get("recall"))
-    assert msgs[k - 1] == {"role": "user", "content": QUESTION}
+    k = next(i for i, m in enumerate(msgs) if m.get("recall") and m["role"] == "tool")
+    assert msgs[k - 2] == {"role": "user", "content": QUESTION}
+    lookup = msgs[k - 1]
+    assert lookup["role"] == "assistant" and lookup["recall"] is True and not lookup["content"]
+    [c] = lookup["tool_calls"]
+    assert c["function"]["name"] == history_search.NAME and "max_pool_size" in c["function"]["arguments"]
     assert msgs[k + 1]["role"] == "assistant"
     m = msgs[k]
     assert m["role"] == "tool" and m["name"] == history_search.NAME and m["recall"] is True
+    assert m["tool_call_id"] == c["id"]
     assert m["content"].startswith(HEADER_START + "max_pool_size")
     assert "max_pool_size = 47" in m["content"].splitlines()
     # the model wrote its reply on a prompt that held the line
     assert "max_pool_size = 47" in rec.prompts[-1]
     assert rec.prompts[-1].index("max_pool_size = 47") > rec.prompts[-1].index(QUESTION)
     # it is in the transcript (and so in the log) where it was added
-    assert [x.get("recall") for x in s.transcript[n_before:]] == [None, True, None]
+    assert [x.get("recall") for x in s.transcript[n_before:]] == [None, True, True, None]
     s.close()
 
 
@@ -265,7 +271,8 @@ def test_the_budget_is_respected(tmp_path, budget):
     m = recalls(s)[-1]
     tokens = len(eng.tokenize(m["content"], add_special=False))
     assert tokens <= budget and recalled_events(s)[-1].tokens == tokens
-    assert len(s.sequence.tokens) - before <= budget + 40   # the user message and the turn markers besides
+    # the user message, the search_history call and the turn markers besides
+    assert len(s.sequence.tokens) - before <= budget + 120
     assert "more matching lines not shown: search_history finds them)" in m["content"]
     head = m["content"].splitlines()[0]
     assert head.startswith(HEADER_START + "ACC-1003")
@@ -296,7 +303,7 @@ def test_a_tool_call_naming_an_offloaded_thing_recalls_after_its_result(tmp_path
     assert not recalls(s)   # the call waits for its result: no recall in between
     s.add({"role": "tool", "tool_call_id": "c9", "name": "get_account", "content": '{"error": "timeout"}'})
     msgs = s.messages
-    assert msgs[-1].get("recall") and msgs[-2]["tool_call_id"] == "c9"
+    assert msgs[-1].get("recall") and msgs[-2].get("recall") and msgs[-3]["tool_call_id"] == "c9"
     assert '"account_id": "ACC-1021"' in msgs[-1]["content"]
 
     # a call the model generates for the caller: recalled when the caller brings its result
@@ -314,7 +321,7 @@ def test_a_tool_call_naming_an_offloaded_thing_recalls_after_its_result(tmp_path
            max_tokens=8)
     last = recalls(s)[-1]
     assert "req-8817" in last["content"] and "build_77 timed out" in last["content"]
-    assert s.messages[-3]["tool_call_id"] == cid and s.messages[-2] is not None
+    assert s.messages[-4]["tool_call_id"] == cid and s.messages[-3].get("recall") and s.messages[-2] is not None
     assert "build_77 timed out" in rec.prompts[-1]
     s.close()
 

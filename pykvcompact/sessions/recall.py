@@ -241,14 +241,24 @@ class Recall:
             msg, shown, tokens = self._message(missing, texts, pairs)
         if msg is None:
             return None
-        try:   # a template that cannot render a lone tool message: no recall rather than a failed call
-            self.ctx.render(self.ctx.views() + [msg])
+        # a well-formed lookup: the search_history call, then its result (a tool result with no call before
+        # it is read as something to continue: Qwen2.5-Coder-1.5B answered two questions by repeating it)
+        call_id = f"recall_{len(self.ledger.transcript)}"
+        call = {"role": "assistant", "content": None, FLAG: True, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": history_search.NAME, "arguments": json.dumps({"query": " ".join(missing)})}}]}
+        msg["tool_call_id"] = call_id
+        try:   # a template that cannot render the pair: no recall rather than a failed call
+            text = self.ctx.render(self.ctx.views() + [call, msg])
+            if self.ctx.measure(text) > self.window:
+                return None
         except Exception:  # noqa: BLE001 - jinja raises its own errors (raise_exception in the template)
             return None
         try:
-            self.append(msg)
+            self.append(call)
         except ContextWindowError:   # no room even after compaction: the reply needs the window more
             return None
+        self.append(msg)   # (its room was measured with the call)
         self.emit(ev.Recalled(list(missing), shown, tokens, len(self.ctx) / self.window))
         return msg
 
