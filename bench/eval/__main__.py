@@ -1,12 +1,14 @@
 """``python -m bench.eval`` (and ``pykvcompact eval``): the long-horizon evaluation of issue 8.
 
     python -m bench.eval --model smollm2-135m --episodes 2 --quick          # the CI smoke run
+    python -m bench.eval --standard                                         # every family, 2 seeds, ~2 h
     python -m bench.eval --episodes 10                                      # the full run (see README.md)
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import pathlib
@@ -15,7 +17,8 @@ import tempfile
 import time
 
 from .families import FAMILIES
-from .policies import NO_PROBE, POLICIES, SEARCH, Settings, full_window, is_known, make_policy
+from .policies import (NO_PROBE, POLICIES, SEARCH, STANDARD_POLICIES, Settings, full_window, is_known, make_policy,
+                       standard)
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
@@ -42,7 +45,20 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--peer-timeout", type=float, default=6 * 3600)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--standard", action="store_true",
+                    help="the standard run: every family, 2 seeds, full/hard/background/peer, window 2048, "
+                         "shorter episodes; resumes from its own output (see README.md)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the episodes already in OUT.json (same model and settings) and run the rest")
     args = ap.parse_args(argv)
+    if args.standard:
+        if args.quick:
+            ap.error("--standard and --quick are two different runs: choose one")
+        given = argv if argv is not None else sys.argv[1:]
+        named = lambda option: any(a == option or a.startswith(option + "=") for a in given)  # noqa: E731
+        args.policies = args.policies if named("--policies") else ",".join(STANDARD_POLICIES)
+        args.episodes = args.episodes if named("--episodes") else 2
+        args.resume = True
     for name, allowed in (("families", FAMILIES), ("policies", POLICIES)):
         vals = [v for v in getattr(args, name).split(",") if v]
         bad = [v for v in vals if not (v in allowed or (name == "policies" and is_known(v)))]
@@ -59,7 +75,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     from .run import run_all
 
-    settings = Settings.quick() if args.quick else Settings()
+    settings = Settings.quick() if args.quick else standard() if args.standard else Settings()
     if args.window:
         settings.window = args.window
     if args.ratio:
@@ -76,21 +92,46 @@ def main(argv=None) -> int:
                 policy.limits(policy.window)
     except ValueError as exc:
         raise SystemExit(f"invalid settings for policy {name!r}: {exc}")
-    tag = ("-quick" if args.quick else "") + ("-splice" if args.rebase == "splice" else "")
+    tag = ("-quick" if args.quick else "-standard" if args.standard else "") + (
+        "-splice" if args.rebase == "splice" else "")
     out = args.out or str(RESULTS / f"eval-{pathlib.Path(args.model).stem}{tag}")
     log = (lambda s: None) if args.quiet else (lambda s: print(s, flush=True))
-    t0 = time.time()
+    previous, earlier_s = _resumed(args, settings, out) if args.resume else ([], 0.0)
+    if previous:
+        log(f"resuming {out}.json: {len(previous)} episode(s) kept")
+    t0 = time.time() - earlier_s
     written: list = []
 
     def save(results):
         written[:] = _write(args, settings, out, results, time.time() - t0)
 
     with tempfile.TemporaryDirectory(prefix="pkv-eval-") as hist:
-        results = run_all(args, settings, hist, log, checkpoint=save)
+        results = run_all(args, settings, hist, log, checkpoint=save, previous=previous)
     save(results)
     log(open(out + ".md").read())
     log("wrote " + ", ".join(written))
     return 0
+
+
+def _resumed(args, settings, out: str):
+    """The episodes of an earlier run at ``out`` that this one would run too, and its duration; a run of
+    another model or other settings is refused, naming the difference (never mixed in silently)."""
+    from .merge import check, compatible
+
+    path = out + ".json"
+    if not os.path.exists(path):
+        return [], 0.0
+    try:
+        with open(path) as f:
+            run = json.load(f)
+        check(run, path)
+        compatible(run["meta"], {"model": args.model, "quick": args.quick, "settings": vars(settings)},
+                   path, "this run")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"cannot resume from {path}: {exc} (use another --out, or move the file away)")
+    wanted = [r for r in run["episodes"] if r["family"] in args.families and r["policy"] in args.policies
+              and args.seed <= r["seed"] < args.seed + args.episodes]
+    return wanted, float(run["meta"].get("duration_s") or 0.0)
 
 
 def _write(args, settings, out: str, results: list, duration_s: float) -> list:

@@ -22,13 +22,14 @@ class Environment:
         self.model_calls_matched = 0  # ... that matched a scripted step
 
     def step_messages(self, index: int, step: Step) -> List[dict]:
-        """The user turn (if any), the scripted tool call and its result."""
+        """The user turn (if any), the scripted tool call, its result and the assistant's statement (if any)."""
         call_id = f"call_{index}"
         call = {"id": call_id, "type": "function",
                 "function": {"name": step.tool, "arguments": json.dumps(step.args)}}
         out = [{"role": "user", "content": step.user}] if step.user else []
         return out + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                      {"role": "tool", "tool_call_id": call_id, "name": step.tool, "content": step.output}]
+                      {"role": "tool", "tool_call_id": call_id, "name": step.tool, "content": step.output}] + (
+            [{"role": "assistant", "content": step.say}] if step.say else [])
 
     def answer(self, reply_message: dict) -> List[dict]:
         """Tool results for the calls the model made in its reply."""

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 
+# Where a fact lives, for recall per place: only in the assistant's own prose, in the middle of a long tool
+# output (nobody restated it), inside a JSON tool output, in a user message sent mid-session, in the first
+# user message; "recent" marks a control question on the last sub-goal (still in the live context).
+PLACES = ("assistant", "middle", "json", "user", "task", "recent")
+
+
 @dataclass
 class Step:
     subgoal: int
@@ -13,6 +19,7 @@ class Step:
     args: dict
     output: str
     user: Optional[str] = None     # the user turn that opens the step (a new sub-goal, or a nudge)
+    say: Optional[str] = None      # the assistant's own statement after the output: it is the step's reply
     opens: bool = False            # first step of its sub-goal
     closes: bool = False           # last step: the sub-goal's fact is established by this output
 
@@ -22,12 +29,14 @@ class Question:
     prompt: str
     answer: str
     early: bool = True             # needs a fact from an early sub-goal (or the first user message)
+    place: str = ""                # where the fact lives: one of PLACES ("" in the older families)
 
 
 @dataclass
 class Fact:
     step: int                      # index of the step whose output (or -1: the first user message) states it
     text: str                      # the verbatim string a summary must carry (a value, id or path)
+    source: str = "output"         # which of the step's messages states it: "output", "say" or "user"
 
 
 @dataclass
@@ -59,6 +68,13 @@ class Episode:
     def boundaries(self) -> int:
         """Sub-goal boundaries: the steps whose output closes a sub-goal (good moments to compact)."""
         return sum(s.closes for s in self.steps)
+
+    def source_text(self, fact: "Fact") -> Optional[str]:
+        """The message text that states ``fact`` (the first user message for step -1)."""
+        if fact.step < 0:
+            return self.task
+        step = self.steps[fact.step]
+        return {"output": step.output, "say": step.say, "user": step.user}.get(fact.source)
 
     def established_before(self, n_steps: int) -> List[Fact]:
         """Facts stated by the first user message or by the first ``n_steps`` steps' outputs."""

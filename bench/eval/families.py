@@ -1,4 +1,4 @@
-"""The five task families, each generated from a seed (no network), every answer checkable.
+"""The five original task families (and the four agent families of agent_families.py), each generated from a seed (no network), every answer checkable.
 
 Each episode is ``Size.sub_goals`` sub-goals of ``Size.steps`` tool steps: the last step of a sub-goal
 states its result (a natural boundary, a good moment to compact); the steps before it are long stretches
@@ -185,5 +185,12 @@ def instructions(seed: int, size: Size) -> Episode:
                    steps, qs, [Fact(-1, v) for v in (port, frozen, prefix, day)])
 
 
+from .agent_families import AGENT_FAMILIES  # noqa: E402  (they share SYSTEM and ASK above)
+
+# The wording of these five was what the summary's and the probe's heuristics were once fit to (issue 33):
+# they are reported apart.  The agent families were written afterwards and nothing was tuned on them.
+TUNED_ON = ("ledger", "search", "code", "math", "instructions")
+HELD_OUT_FAMILIES = tuple(AGENT_FAMILIES)
 FAMILIES: Dict[str, Callable[[int, Size], Episode]] = {
-    "ledger": ledger, "search": search, "code": code, "math": math, "instructions": instructions}
+    "ledger": ledger, "search": search, "code": code, "math": math, "instructions": instructions,
+    **AGENT_FAMILIES}

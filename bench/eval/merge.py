@@ -20,7 +20,7 @@ from . import metrics, report
 # before a setting existed ran with its default
 COMPARED = {"window": None, "ratio": None, "reply_tokens": None, "answer_tokens": None,
             "summary_max_tokens": None, "probe_every": None, "compact_tool": None, "rubric": None,
-            "tool_latency": 0.0, "rebase": "exact", "keep_recent": None}
+            "tool_latency": 0.0, "rebase": "exact", "keep_recent": None, "sub_goals": None, "steps": None}
 REQUIRED_META = ("model", "date", "families", "policies", "duration_s", "settings")
 REQUIRED_EPISODE = ("family", "seed", "policy")
 
@@ -47,6 +47,18 @@ def check(run, name: str) -> None:
             raise ValueError(f"{name}: episode {i} lacks one of {', '.join(REQUIRED_EPISODE)}")
 
 
+def compatible(first: dict, meta: dict, first_name: str, name: str) -> None:
+    """A ValueError naming the difference when two runs' metas measured different things."""
+    if meta["model"] != first["model"]:
+        raise ValueError(f"runs of different models: {first['model']!r} in {first_name} and {meta['model']!r} in {name}")
+    if bool(meta.get("quick")) != bool(first.get("quick")):
+        raise ValueError(f"a --quick run and a full one ({first_name}, {name}): their episodes differ in shape")
+    for key, default in COMPARED.items():
+        a, b = (_setting(run_meta["settings"], key, default) for run_meta in (first, meta))
+        if a != b:
+            raise ValueError(f"runs with different settings: {key} is {a!r} in {first_name} and {b!r} in {name}")
+
+
 def merge(runs: List[dict], names: List[str] = ()) -> dict:
     """The pooled {"meta", "metrics", "episodes"} of ``runs`` (each a loaded eval JSON; ``names`` for
     the messages, default run1, run2, ...)."""
@@ -59,15 +71,7 @@ def merge(runs: List[dict], names: List[str] = ()) -> dict:
     seen = set()
     episodes: List[dict] = []
     for run, name in zip(runs, names):
-        meta = run["meta"]
-        if meta["model"] != first["model"]:
-            raise ValueError(f"runs of different models: {first['model']!r} in {names[0]} and {meta['model']!r} in {name}")
-        if bool(meta.get("quick")) != bool(first.get("quick")):
-            raise ValueError(f"a --quick run and a full one ({names[0]}, {name}): their episodes differ in shape")
-        for key, default in COMPARED.items():
-            a, b = (_setting(run_meta["settings"], key, default) for run_meta in (first, meta))
-            if a != b:
-                raise ValueError(f"runs with different settings: {key} is {a!r} in {names[0]} and {b!r} in {name}")
+        compatible(first, run["meta"], names[0], name)
         for ep in run["episodes"]:
             key = (ep["family"], ep["seed"], ep["policy"])
             if key in seen:

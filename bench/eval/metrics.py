@@ -58,6 +58,50 @@ def boundary_use(results: List[dict]) -> dict:
             "compactions_boundary_ceiling": sum(min(len(r["compactions"]), r["boundaries"]) for r in results)}
 
 
+def by_place(answers: List[dict]) -> Dict[str, dict]:
+    """Accuracy per place where the asked fact lived (the agent families' questions carry one)."""
+    groups: Dict[str, List[dict]] = defaultdict(list)
+    for a in answers:
+        if a.get("place"):
+            groups[a["place"]].append(a)
+    out = {}
+    for place, xs in sorted(groups.items()):
+        k = sum(a["correct"] for a in xs)
+        out[place] = {"questions": len(xs), "correct": k, "accuracy": k / len(xs), "ci95": list(wilson(k, len(xs)))}
+    return out
+
+
+def _of_span(summaries: List[dict]):
+    judged = [s for s in summaries if s.get("model_text") is not None and s.get("span_facts")]
+    need = sum(len(s["span_facts"]) for s in judged)
+    if not judged:
+        return None, None
+    return (sum(bool(s["model_carried"]) for s in judged) / len(judged),
+            sum(len(s["model_carried"]) for s in judged) / need)
+
+
+def model_text(results: List[dict]) -> dict:
+    """What the model itself wrote: its notes (how many, how many carried an asked fact of the output
+    they noted, of those whose output held one), the notes skipped by reason, and the summaries it was
+    asked for that came back (summary_ready) or failed (summary_failed, by reason)."""
+    notes = [n for r in results for n in r.get("notes", [])]
+    asked = [n for n in notes if n["required"]]
+    events = [e for r in results for e in r.get("events", [])]
+    need = sum(len(n["required"]) for n in asked)
+    return {"notes": len(notes), "notes_on_fact_outputs": len(asked),
+            "notes_informative": sum(bool(n["carried"]) for n in asked),
+            "note_fact_recall": sum(len(n["carried"]) for n in asked) / need if need else None,
+            "notes_skipped": dict(sorted(_counts(e.get("reason") or "unknown" for e in events
+                                                 if e["name"] == "note_skipped").items())),
+            "model_summaries": sum(s.get("model_text") is not None for r in results for s in r["summaries"]),
+            # of the model's summaries used for a swap whose span established asked facts: the share that
+            # carried at least one, and the share of those facts its text alone carried
+            "model_summaries_informative": _of_span([s for r in results for s in r["summaries"]])[0],
+            "model_text_fact_recall": _of_span([s for r in results for s in r["summaries"]])[1],
+            "model_summaries_failed": dict(sorted(_counts(e.get("reason") or "unknown" for e in events
+                                                          if e["name"] == "summary_failed").items()))}
+
+
 def summarize(results: List[dict]) -> dict:
     """One row of metrics for a group of episode results."""
     answers = [a for r in results for a in r["answers"]]
@@ -71,7 +115,7 @@ def summarize(results: List[dict]) -> dict:
     stalls = [s for r in results for s in r["stalls_ms"]]
     return {
         "episodes": len(results), "questions": n, "correct": k,
-        "accuracy": k / n if n else None, "ci95": [lo, hi],
+        "accuracy": k / n if n else None, "ci95": [lo, hi], "by_place": by_place(answers),
         "tokens": tok, "tokens_per_episode": tok["total"] / len(results) if results else None,
         "wall_s": sum(r["wall_s"] for r in results),
         "wall_s_per_episode": _mean([r["wall_s"] for r in results]),
@@ -85,6 +129,7 @@ def summarize(results: List[dict]) -> dict:
         "kept_tokens_mean": _mean([c.get("kept_tokens", 0) for c in comps if c["kind"] == "rebased"]),
         "summaries": sum(len(r["summaries"]) for r in results),
         "fact_recall_mean": _mean(recalls),
+        **model_text(results),
         "stalls_ms_max": max(stalls) if stalls else None,
         "stalls_ms_median": statistics.median(stalls) if stalls else None,
         "probes": len(probes),
@@ -102,10 +147,18 @@ def summarize(results: List[dict]) -> dict:
     }
 
 
+HELD_OUT = "held-out"   # the pooled row of the families no heuristic was tuned on (families.HELD_OUT)
+
+
 def table(results: List[dict]) -> Dict[str, Dict[str, dict]]:
-    """metrics[policy][family], with an "all" family per policy."""
+    """metrics[policy][family], with an "all" family per policy and a "held-out" one pooling the families
+    nothing was tuned on (when the run has any)."""
+    from .families import HELD_OUT_FAMILIES
+
     groups: Dict[str, Dict[str, List[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
         groups[r["policy"]][r["family"]].append(r)
         groups[r["policy"]]["all"].append(r)
+        if r["family"] in HELD_OUT_FAMILIES:
+            groups[r["policy"]][HELD_OUT].append(r)
     return {pol: {fam: summarize(rs) for fam, rs in fams.items()} for pol, fams in groups.items()}

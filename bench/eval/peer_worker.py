@@ -29,8 +29,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
             compactions.append({"step": step, "at": state_step, "phase": rec.phase(state_step), "fill": c["fill"], "trigger": "hard",
                                 "kind": "rebased", "stall_ms": c["stall_ms"], "fallback": False})
             gone = {m.get("content") for m in h.dropped}
-            sources = {-1: ep.task, **{i: s.output for i, s in enumerate(ep.steps)}}
-            required = [f.text for f in ep.facts if sources.get(f.step) in gone]
+            required = [f.text for f in ep.facts if ep.source_text(f) in gone]
             carried = [f for f in required if carries(h.summaries[-1], f)]
             summaries.append({"required": required, "carried": carried,
                               "recall": len(carried) / len(required) if required else None,
@@ -41,13 +40,14 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
     for i, step in enumerate(ep.steps):
         time.sleep(job.get("tool_latency", 0.0))   # the scripted tool runs (the peer has nothing to do meanwhile)
         note(i, i - 1, h.add(env.step_messages(i, step), reply_tokens))
-        h.reply(reply_tokens)
+        if not step.say:   # a scripted statement is the step's reply
+            h.reply(reply_tokens)
         note(i, i, False)
     for q in ep.questions:
         note(len(ep.steps), len(ep.steps), h.add([{"role": "user", "content": q.prompt}], answer_tokens))
         reply = h.reply(answer_tokens, grammar=ANSWER_GRAMMAR)
         answers.append({"prompt": q.prompt, "answer": q.answer, "reply": reply, "early": q.early,
-                        "correct": is_correct(reply, q.answer)})
+                        "place": q.place, "correct": is_correct(reply, q.answer)})
     tokens = dict(h.tokens, probe=0, background=0)
     tokens["total"] = sum(tokens.values())
     return dict(family=ep.family, seed=ep.seed, policy="peer", window=window, wall_s=time.perf_counter() - t0,

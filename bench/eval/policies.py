@@ -39,11 +39,23 @@ class Settings:
     tool_latency: float = 0.0      # seconds each scripted tool call takes (the engine is idle meanwhile)
     rebase: str = "exact"          # the summarizing modes' Policy.rebase ("splice": the tail's cells shifted)
     keep_recent: Optional[float] = None   # the summarizing modes' Policy.keep_recent (None: its default)
+    sub_goals: Optional[int] = None   # an episode's sub-goals and steps per sub-goal (None: Size.for_window's)
+    steps: Optional[int] = None
 
     @classmethod
     def quick(cls) -> "Settings":
         # the tool schema costs ~300 tokens on SmolLM2: offered only in ``tool`` mode in a quick run
         return cls(window=1024, reply_tokens=8, answer_tokens=12, probe_every=128, ratio=3.0, compact_tool=False)
+
+
+STANDARD_POLICIES = ("full", "hard", "background", "peer")
+
+
+def standard() -> Settings:
+    """The standard run's settings (``python -m bench.eval --standard``): the default window, shorter
+    episodes (4 sub-goals of 4 steps, history 3x the window) so that every family at 2 seeds under
+    full, hard, background and the peer fits in about 2 hours on a 2-core CPU."""
+    return Settings(window=2048, ratio=3.0, reply_tokens=16, answer_tokens=24, sub_goals=4, steps=4)
 
 
 def full_window(settings: Settings) -> int:

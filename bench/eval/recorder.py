@@ -22,6 +22,9 @@ class Recorder:
         self.stalls_ms: List[float] = []
         self.timeline: List[dict] = []
         self.events: List[dict] = []
+        self.notes: List[dict] = []      # the model's notes (sessions/notes.py) and the facts they carried
+        self._model_text: Optional[str] = None   # the model's last summary, until a swap uses it
+        self._gone_facts: set = set()
         self._seen_events = 0
         self._seen_summaries = 0
 
@@ -43,7 +46,11 @@ class Recorder:
         for e in new:
             self.events.append({"t": e.t - self.t0, "name": e.name, "step": step,
                                 "reason": getattr(e, "reason", None), "phase": self.phase(step)})
-            if e.name == "probe":
+            if e.name == "noted":
+                self._read_note(session, e)
+            elif e.name == "summary_ready" and not e.fallback:
+                self._model_text = e.text   # judged when the swap that uses it has offloaded its span
+            elif e.name == "probe":
                 cue = bool(getattr(e, "cue", False))
                 self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
                                     "reason": e.reason, "label": self.phase(step), "cue": cue,
@@ -63,25 +70,38 @@ class Recorder:
         self._read_summaries(session)
         self.timeline.append({"t": time.time() - self.t0, "fill": session.fill, "step": step})
 
+    def _read_note(self, session, e) -> None:
+        """What the model's note of a tool output carried of the asked facts that output states."""
+        content = session.transcript[e.message].get("content") if 0 <= e.message < len(session.transcript) else None
+        required = [f.text for f in self.ep.facts if content and self.ep.source_text(f) == content]
+        text = "\n".join(e.lines)
+        self.notes.append({"lines": list(e.lines), "required": required,
+                           "carried": [f for f in required if carries(text, f)], "ms": e.ms})
+
     def _read_summaries(self, session) -> None:
         summaries = [m for m in session.transcript if m.get("summary")]
         if len(summaries) <= self._seen_summaries:
             return
         gone = {m.get("content") for m in session.offloaded}
-        sources = {-1: self.ep.task}
-        sources.update({i: s.output for i, s in enumerate(self.ep.steps)})
-        required = [f for f in self.ep.facts if sources.get(f.step) in gone]
+        required = [f for f in self.ep.facts if self.ep.source_text(f) in gone]
+        new = [f.text for f in required if f.text not in self._gone_facts]   # the replaced span established
         for m in summaries[self._seen_summaries:]:
             text = m.get("content") or ""
             carried = [f.text for f in required if carries(text, f.text)]
+            model = self._model_text
             self.summaries.append({"required": [f.text for f in required], "carried": carried,
                                    "recall": (len(carried) / len(required)) if required else None,
-                                   "chars": len(text), "text": text})  # whole: the key results come last
+                                   "chars": len(text), "text": text,   # whole: the key results come last
+                                   # the model's own text, if it wrote one for this swap, on the span's facts
+                                   "model_text": model, "span_facts": new,
+                                   "model_carried": [f for f in new if carries(model, f)] if model else None})
+            self._model_text = None
+        self._gone_facts.update(f.text for f in required)
         self._seen_summaries = len(summaries)
 
     def result(self) -> dict:
         return {"compactions": self.compactions, "probes": self.probes, "summaries": self.summaries,
-                "stalls_ms": self.stalls_ms, "timeline": self.timeline, "events": self.events,
+                "stalls_ms": self.stalls_ms, "timeline": self.timeline, "events": self.events, "notes": self.notes,
                 "boundaries": self.ep.boundaries()}
 
 

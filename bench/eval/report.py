@@ -10,21 +10,30 @@ def _f(x, fmt="{:.2f}", none="-") -> str:
 
 
 def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str], policies: List[str]) -> str:
+    from .families import TUNED_ON
+    from .metrics import HELD_OUT
+
+    held = any(HELD_OUT in row for row in metrics.values())
+    tuned = [f for f in families if f in TUNED_ON]
     lines = [f"# Evaluation: {meta['model']} ({meta['date']})", "",
              f"{meta['episodes_per_family']} episode(s) per family, window {meta['window']}, "
              f"{meta['duration_s']:.0f} s in all, driven by the environment (scripted tool calls); "
-             f"{'quick settings' if meta.get('quick') else 'full settings'}.", "",
+             f"{'quick settings' if meta.get('quick') else 'full settings'}."
+             + (f" Families whose wording heuristics were once tuned on: {', '.join(tuned)}; "
+                f"`{HELD_OUT}` pools the others." if held else ""), "",
              "## Accuracy (95% Wilson interval) per family", "",
-             "| policy | " + " | ".join(families) + " | all |",
-             "|---|" + "---|" * (len(families) + 1)]
+             "| policy | " + " | ".join(families) + " | all |" + (" held-out |" if held else ""),
+             "|---|" + "---|" * (len(families) + 1 + held)]
     for pol in policies:
         row = metrics.get(pol, {})
         cells = []
-        for fam in families + ["all"]:
+        for fam in families + ["all"] + ([HELD_OUT] if HELD_OUT in row else []):
             m = row.get(fam)
             cells.append("-" if not m or m["accuracy"] is None else
                          f"{m['accuracy']:.2f} [{m['ci95'][0]:.2f}-{m['ci95'][1]:.2f}]")
         lines.append(f"| {pol} | " + " | ".join(cells) + " |")
+    lines += _places(metrics, policies)
+    lines += _model_text(metrics, policies)
     lines += ["", "## Cost and compaction (all families)", "",
               "| policy | tokens/episode | prefill | decode | probe | background | wall s/episode | compactions "
               "| at boundary | boundaries compacted (at most) | by trigger | mean fill | summary tok | kept verbatim tok "
@@ -46,6 +55,48 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
             f"{_f(m['stalls_ms_max'], '{:.0f}')} | "
             f"{m.get('search_calls', 0)} ({m.get('search_found', 0)}) |")
     return "\n".join(lines) + "\n"
+
+
+def _places(metrics: Dict[str, Dict[str, dict]], policies: List[str]) -> List[str]:
+    """Accuracy by where the asked fact lived, on the held-out families (the agent families carry places)."""
+    from .metrics import HELD_OUT
+
+    rows = {pol: metrics.get(pol, {}).get(HELD_OUT, {}).get("by_place") or {} for pol in policies}
+    places = sorted({p for r in rows.values() for p in r})
+    if not places:
+        return []
+    out = ["", "## Held-out families: accuracy by where the fact lived (correct/asked)", "",
+           "| policy | " + " | ".join(places) + " | all held-out |", "|---|" + "---|" * (len(places) + 1)]
+    for pol in policies:
+        if not rows[pol]:
+            continue
+        cells = [f"{rows[pol][p]['correct']}/{rows[pol][p]['questions']}" if p in rows[pol] else "-" for p in places]
+        m = metrics[pol][HELD_OUT]
+        cells.append(f"{m['correct']}/{m['questions']} ({m['accuracy']:.2f})")
+        out.append(f"| {pol} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _model_text(metrics: Dict[str, Dict[str, dict]], policies: List[str]) -> List[str]:
+    """What the model wrote itself (notes, summaries) and how much of the asked facts it carried."""
+    rows = [(pol, metrics[pol]["all"]) for pol in policies if metrics.get(pol, {}).get("all", {}).get("notes")
+            or metrics.get(pol, {}).get("all", {}).get("model_summaries")]
+    if not rows:
+        return []
+    out = ["", "## What the model wrote (all families)", "",
+           "| policy | notes | on outputs holding an asked fact | of which carried one | note fact recall "
+           "| notes skipped | model summaries used | informative | their fact recall | summaries failed |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for pol, m in rows:
+        out.append(f"| {pol} | {m['notes']} | {m['notes_on_fact_outputs']} | {m['notes_informative']} | "
+                   f"{_f(m['note_fact_recall'])} | {_counted(m['notes_skipped'])} | {m['model_summaries']} | "
+                   f"{_f(m['model_summaries_informative'])} | {_f(m['model_text_fact_recall'])} | "
+                   f"{_counted(m['model_summaries_failed'])} |")
+    return out
+
+
+def _counted(d: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or "-"
 
 
 def _of(k, n) -> str:

@@ -67,7 +67,11 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
         for i, step in enumerate(ep.steps):
             tool_wait(session, settings.tool_latency)
             session.add(pending + env.step_messages(i, step))
+            pending = []
             rec.after(session, i, adding=True)
+            if step.say:   # the assistant's scripted statement is the step's reply
+                replies.append(step.say)
+                continue
             r = session.chat([], max_tokens=settings.reply_tokens)
             decode += r["usage"]["completion_tokens"]
             replies.append(r["choices"][0]["message"].get("content") or "")
@@ -80,7 +84,7 @@ def run_episode(engine, ep: Episode, policy_name: str, settings: Settings, histo
             decode += n
             rec.after(session, len(ep.steps), adding=False)
             answers.append({"prompt": q.prompt, "answer": q.answer, "reply": reply, "early": q.early,
-                            "correct": is_correct(reply, q.answer)})
+                            "place": q.place, "correct": is_correct(reply, q.answer)})
     finally:
         window = session.window
         session.close()
