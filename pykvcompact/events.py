@@ -69,6 +69,7 @@ class SummaryReady(Event):
     ms: float
     fallback: bool = False
     attempts: int = 1
+    text: str = ""                 # the summary's own text (the model's, or the fallback's)
     t: float = field(default_factory=time.time)
     name = "summary_ready"
 
@@ -160,7 +161,9 @@ class Noted(Event):
 @dataclass
 class NoteSkipped(Event):
     """No note for the tool result at ``message``: ``reason`` is no_room (the pool's cells are in use),
-    superseded (a newer output came before it started), empty (the model copied no line of the output),
+    superseded (newer outputs came before it started), gone (a swap replaced it before its turn), moved_on
+    (other messages followed it and the engine cannot fork a prefix), template (the chat template re-renders
+    earlier turns), empty (the model copied no line of the output),
     unsupported: ... (the backend takes no grammar: notes stop for the session) or failed: ... (the engine
     refused the job)."""
     message: int

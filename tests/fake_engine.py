@@ -171,10 +171,15 @@ class FakeSeq:
         out, finish = self._gen(max_tokens, kw.get("stop", ()), "background")
         return FakeJob(out, finish_reason=finish, polls=self.engine.bg_polls)
 
-    def fork(self):
+    def fork(self, n=None):
         self._live()
-        s = FakeSeq(self.engine, cells=self._cells)
-        s._tokens = list(self._tokens)
+        n = len(self._tokens) if n is None else n
+        if not 0 <= n <= len(self._tokens):
+            raise IndexError("fork past the end")
+        if n < len(self._tokens) and not self.engine.can_fork_prefix:
+            raise errors.UnsupportedOperationError("prefix forks are not supported by this model")
+        s = FakeSeq(self.engine, cells=self._cells[:n])
+        s._tokens = list(self._tokens[:n])
         self.engine.forks += 1
         return s
 
@@ -262,6 +267,7 @@ class FakeEngine:
         self.max_used = 0
         self.forks = self.probes = self.commits = self.rebases_prepared = 0
         self.bg_polls = bg_polls
+        self.can_fork_prefix = True   # False: a recurrent model's sequence (no prefix forks)
         self.fail_background = False
         self.model_name = "fake"
         self.token_eos = tokenizer.token_eos if tokenizer is not None else self._id(EOG_TEXT)

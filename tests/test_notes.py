@@ -197,3 +197,51 @@ def test_a_model_measured_to_note_nothing_useful_takes_no_notes_unless_asked(tmp
                                         notes=notes))
         assert s._maker.notes.enabled is expect
         s.close()
+
+
+def _notes_of(s):
+    """transcript index of each noted output -> its note's lines; and the skip reasons."""
+    noted = {e.message: e.lines for e in s.events if e.name == "noted"}
+    skipped = [e.reason for e in s.events if e.name == "note_skipped"]
+    return noted, skipped
+
+
+def test_an_output_followed_by_other_messages_is_still_noted_from_a_fork_cut_after_it(tmp_path):
+    """The agent commented on each output (an assistant message right after it) while an earlier note was
+    still being written: each output is noted on a fork cut right after it, so the note is of that output."""
+    eng = FakeEngine(n_ctx=8192, bg_polls=3)
+    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="cut",
+                   policy=pk.Policy(mode="background", window=4000, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=160))
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(6):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
+               {"role": "assistant", "content": f"Read the config of s{i}."}])
+        s.chat(f"go on {i}", max_tokens=8)
+    noted, skipped = _notes_of(s)
+    outputs = [k for k, m in enumerate(s.transcript) if m.get("role") == "tool"]
+    for k in noted:   # each note copies its own output's line, never a later one's
+        i = outputs.index(k)
+        assert noted[k] == [f"max_pool_size = {40 + i}"], (k, noted[k])
+    taker = s._maker.notes
+    pending = len(taker._waiting) + taker.writing
+    assert len(noted) + skipped.count("superseded") + pending == len(outputs), (noted, skipped, pending)
+    assert len(noted) >= 4 and "moved_on" not in skipped
+    s.close()
+
+
+def test_without_prefix_forks_an_output_no_longer_newest_is_skipped_by_name(tmp_path):
+    eng = FakeEngine(n_ctx=8192, bg_polls=6)   # a note outlasts the next step: its output has moved on
+    eng.can_fork_prefix = False   # a recurrent model
+    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="rec",
+                   policy=pk.Policy(mode="background", window=4000, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=160))
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(4):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
+               {"role": "assistant", "content": f"Read the config of s{i}."}])
+        s.chat(f"go on {i}", max_tokens=8)
+    noted, skipped = _notes_of(s)
+    assert "moved_on" in skipped and s.chat("still fine?", max_tokens=8)["choices"]
+    assert all(len(v) == 1 and v[0].startswith("max_pool_size") for v in noted.values())
+    s.close()

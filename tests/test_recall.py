@@ -178,15 +178,16 @@ def test_a_value_in_the_middle_of_an_offloaded_output_is_recalled_before_the_rep
     assert len(evs) == 1 and "max_pool_size" in evs[0].names and evs[0].lines >= 1
     assert got.index(evs[0]) < min(k for k, x in enumerate(got) if isinstance(x, str))
     assert evs[0].to_dict()["event"] == "recalled"
-    # the live context: the question, then the recall (a search_history call and its result), then the reply
+    # the live context: the recall (a search_history call and its result), then the question, then the reply:
+    # the question is the last thing the model reads before it answers
     msgs = s.messages
     k = next(i for i, m in enumerate(msgs) if m.get("recall") and m["role"] == "tool")
-    assert msgs[k - 2] == {"role": "user", "content": QUESTION}
+    assert msgs[k + 1] == {"role": "user", "content": QUESTION}
     lookup = msgs[k - 1]
     assert lookup["role"] == "assistant" and lookup["recall"] is True and not lookup["content"]
     [c] = lookup["tool_calls"]
     assert c["function"]["name"] == history_search.NAME and "max_pool_size" in c["function"]["arguments"]
-    assert msgs[k + 1]["role"] == "assistant"
+    assert msgs[k + 2]["role"] == "assistant"
     m = msgs[k]
     assert m["role"] == "tool" and m["name"] == history_search.NAME and m["recall"] is True
     assert m["tool_call_id"] == c["id"]
@@ -194,9 +195,9 @@ def test_a_value_in_the_middle_of_an_offloaded_output_is_recalled_before_the_rep
     assert "max_pool_size = 47" in m["content"].splitlines()
     # the model wrote its reply on a prompt that held the line
     assert "max_pool_size = 47" in rec.prompts[-1]
-    assert rec.prompts[-1].index("max_pool_size = 47") > rec.prompts[-1].index(QUESTION)
+    assert rec.prompts[-1].index("max_pool_size = 47") < rec.prompts[-1].index(QUESTION)
     # it is in the transcript (and so in the log) where it was added
-    assert [x.get("recall") for x in s.transcript[n_before:]] == [None, True, True, None]
+    assert [x.get("recall") for x in s.transcript[n_before:]] == [True, True, None, None]
     s.close()
 
 
@@ -458,7 +459,7 @@ def test_on_smollm2_the_recall_renders_and_fits_its_budget(smollm_engine, tmp_pa
     assert len(rec) == 1 and "max_pool_size = 47" in rec[0]["content"].splitlines()
     assert len(smollm_engine.tokenize(rec[0]["content"], add_special=False)) <= 64
     text = s.render(add_generation_prompt=True)
-    assert text.index(QUESTION) < text.index("max_pool_size = 47")
+    assert text.index(QUESTION) > text.index("max_pool_size = 47")   # the question is read last
     assert text.rstrip().endswith("<|im_start|>assistant")   # the reply comes next
     assert len(s.tokens) <= s.window
     s.close()

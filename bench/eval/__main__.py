@@ -143,9 +143,14 @@ def _write(args, settings, out: str, results: list, duration_s: float) -> list:
             "ratio": settings.ratio, "quick": args.quick, "families": args.families, "policies": args.policies,
             "seed": args.seed, "duration_s": duration_s, "settings": vars(settings), "driven_by": "environment",
             "threads": args.threads, "cpu_count": os.cpu_count(), "skipped": getattr(args, "skipped", {})}
-    table = metrics.table(results)
-    families = [f for f in args.families if any(r["family"] == f for r in results)]
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    try:
+        table = metrics.table(results)
+    except Exception:   # never lose hours of episodes to a report's bug: keep them, then fail
+        with open(out + ".json", "w") as f:
+            json.dump({"meta": meta, "episodes": results}, f, indent=1, default=str)
+        raise
+    families = [f for f in args.families if any(r["family"] == f for r in results)]
     files = report.write(out, meta, results, table, families, [p for p in args.policies if p in table])
     if not args.no_plots and results:
         from . import plots

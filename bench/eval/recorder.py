@@ -94,7 +94,7 @@ class Recorder:
                                    "chars": len(text), "text": text,   # whole: the key results come last
                                    # the model's own text, if it wrote one for this swap, on the span's facts
                                    "model_text": model, "span_facts": new,
-                                   "model_carried": [f for f in new if carries(model, f)] if model else None})
+                                   "model_carried": None if model is None else [f for f in new if carries(model, f)]})
             self._model_text = None
         self._gone_facts.update(f.text for f in required)
         self._seen_summaries = len(summaries)

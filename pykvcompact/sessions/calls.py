@@ -58,6 +58,13 @@ class CallLoop:
         self._room.for_batch(msgs)
         yield from self._drain()
         for i, m in enumerate(msgs):
+            if m["role"] == "user":
+                # what a user message names that only the offloaded history holds goes before it, so that
+                # the question stays the last thing the model reads before it answers (after it, the model
+                # answered by describing the lookup: "search_history returned")
+                self._recall.note([m])
+                self._recall.run(coming=msgs[i + 1:])
+                yield from self._drain()
             self._append(m)
             yield from self._drain()
             if m["role"] == "tool":
@@ -72,7 +79,7 @@ class CallLoop:
             # after the call's last message the reply is the raw tail to come: a preparation may start
             self._compactor.tick(turn_end=i == len(msgs) - 1)
             yield from self._drain()
-        self._recall.note(msgs, skip_calls=self._runs)
+        self._recall.note([m for m in msgs if m["role"] != "user"], skip_calls=self._runs)
         yield from self._probe_if_due()
         # what the new messages name that only the offloaded history holds, placed before the reply
         self._recall.run()

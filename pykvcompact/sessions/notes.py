@@ -13,9 +13,12 @@ place of the structural excerpt of that output (``results.py``), with the priori
 statements: what is kept of a long output is then what the model chose, not its last line.
 
 Only in ``background`` mode (a synchronous mode would wait for it); ``Policy(notes=False)`` turns it off.
-At most one note is written at a time; a newer tool result replaces one still waiting to start
-(``note_skipped`` superseded).  A note goes on through a swap unless the pool lacks the cells its fork of
-the old sequence holds (``note_skipped`` no_room).
+At most one note is written at a time; up to ``MAX_WAITING`` outputs wait their turn (an older one beyond
+that is ``note_skipped`` superseded).  An output that is no longer the newest message when its turn comes
+(the reply, or the next call, followed it) is noted on a fork of the sequence cut right after it, so "the
+tool output above" is still that output; where the engine cannot fork a prefix (recurrent models) it is
+skipped (moved_on), and one a swap replaced before its turn is skipped too (gone).  A note goes on through a
+swap unless the pool lacks the cells its fork of the old sequence holds (``note_skipped`` no_room).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ def note_request(task: str = "") -> str:
         task = task[: TASK_CHARS // 2].rstrip() + " … " + task[-TASK_CHARS // 2:].lstrip()
     return NOTE_REQUEST_WITH_TASK.format(task=task.replace('"', "'"))
 MAX_LINES = 3          # lines one note may copy
+MAX_WAITING = 2        # outputs waiting for their note while one is written
 MAX_NOTE_TOKENS = 64   # tokens it may write
 MIN_OUTPUT_LINES = 3   # a shorter output is listed whole by the summary anyway: no note
 MAX_CHOICES = 120      # lines of one output offered to the grammar (the first ones, deduplicated)
@@ -115,7 +119,7 @@ class NoteTaker:
         self.ctx, self.emit, self.enabled, self.record, self.task = ctx, emit, enabled, record, task
         self.notes: Dict[int, List[str]] = {}
         self._writing: Optional[_Writing] = None
-        self._waiting: Optional[int] = None
+        self._waiting: List[int] = []
 
     def tool_result(self, tidx: int, msg: dict) -> None:
         content = msg.get("content")
@@ -123,9 +127,9 @@ class NoteTaker:
             return
         if len(choices(content)) < MIN_OUTPUT_LINES:
             return
-        if self._waiting is not None:   # a newer output came before the older one's note could start
-            self.emit(ev.NoteSkipped(self._waiting, "superseded"))
-        self._waiting = tidx
+        self._waiting.append(tidx)
+        while len(self._waiting) > MAX_WAITING:   # newer outputs came before the oldest one's note could start
+            self.emit(ev.NoteSkipped(self._waiting.pop(0), "superseded"))
         self.poll()
 
     def poll(self) -> None:
@@ -134,9 +138,8 @@ class NoteTaker:
             if not all(j.done() for j in w.jobs):
                 return
             self._finish(w)
-        if self._waiting is not None:
-            tidx, self._waiting = self._waiting, None
-            self._start(tidx)
+        while self._waiting and self._writing is None and self.enabled:
+            self._start(self._waiting.pop(0))
 
     @property
     def writing(self) -> bool:
@@ -145,7 +148,7 @@ class NoteTaker:
     def close(self, reason: str = "") -> None:
         """Cancel a note in progress and free its fork: the session closes, or after a swap the pool lacks
         the cells its fork of the old sequence holds (``reason``: said in a ``note_skipped`` event)."""
-        w, self._writing, self._waiting = self._writing, None, None
+        w, self._writing, self._waiting = self._writing, None, []
         if w is not None and reason:
             self.emit(ev.NoteSkipped(w.tidx, reason))
         if w is not None:
@@ -157,23 +160,48 @@ class NoteTaker:
             self._free(w.fork)
 
     # ------------------------------------------------------------------ internals
+    def _cut(self, tidx: int):
+        """Where the note of the output at ``tidx`` forks: ``(entry index, char, token)``; token None: the
+        output is the newest message (fork the whole sequence).  A string: why it cannot be noted."""
+        ctx = self.ctx
+        k = next((i for i in range(len(ctx.entries) - 1, -1, -1) if ctx.entries[i].tidx == tidx), None)
+        if k is None or ctx.entries[k].summary:
+            return "gone"          # a swap replaced it before its turn
+        if k == len(ctx.entries) - 1 and ctx.partial is None:
+            return k, len(ctx.text), None
+        after = ctx.entries[k + 1] if k + 1 < len(ctx.entries) else ctx.partial
+        if after.start_tok is None:
+            return "moved_on"      # the next message starts inside a token: no clean place to cut
+        return k, after.start_char, after.start_tok
+
     def _start(self, tidx: int) -> None:
         ctx = self.ctx
-        last = ctx.entries[-1] if ctx.entries else None
-        if last is None or last.tidx != tidx or last.summary or ctx.partial is not None:
-            return   # the output is no longer the newest message: "the tool output above" would be another
-        lines = choices(last.msg.get("content") or "")
+        cut = self._cut(tidx)
+        if isinstance(cut, str):
+            self.emit(ev.NoteSkipped(tidx, cut))
+            return
+        k, cut_char, cut_tok = cut
+        lines = choices(ctx.entries[k].msg.get("content") or "")
         q = {"role": "user", "content": note_request(self.task())}
-        text = ctx.render(ctx.views() + [q], True)
-        if not text.startswith(ctx.text):
-            return   # a template that re-renders earlier turns: the note would need a full prefill
-        toks = ctx.tok(text[len(ctx.text):])
+        text = ctx.render(ctx.views()[:k + 1] + [q], True)
+        if not text.startswith(ctx.text[:cut_char]):
+            # a template that re-renders earlier turns: the note would need a full prefill
+            self.emit(ev.NoteSkipped(tidx, "template"))
+            return
+        toks = ctx.tok(text[cut_char:])
         if len(toks) + MAX_NOTE_TOKENS + 16 > free_cells(ctx.engine):
             self.emit(ev.NoteSkipped(tidx, "no_room"))
             return
         fork = None
         try:
-            fork = ctx.seq.fork()
+            if cut_tok is None:
+                fork = ctx.seq.fork()
+            else:
+                try:
+                    fork = ctx.seq.fork(cut_tok)
+                except UnsupportedOperationError:   # no prefix forks (recurrent models): only the newest
+                    self.emit(ev.NoteSkipped(tidx, "moved_on"))
+                    return
             jobs = [fork.append_background(toks)]
             jobs.append(fork.generate_background(MAX_NOTE_TOKENS, temperature=0.0, stop=["\n\n"],
                                                  grammar=grammar(lines)))

@@ -218,10 +218,11 @@ class Recall:
         self.names, self.naming, self.texts, self.repeats = [], set(), [], set()
 
     # ------------------------------------------------------------------ recalling
-    def run(self) -> Optional[dict]:
+    def run(self, coming: Sequence[dict] = ()) -> Optional[dict]:
         """Add the recall message for the names noted, when some are missing from the live context and in
         the offloaded history; returns it (``None`` when nothing was recalled).  Waits (keeps the names)
-        while a tool call at the end of the context has no result yet."""
+        while a tool call at the end of the context has no result yet.  ``coming``: messages about to join
+        the live context after the recall (the rest of the batch), which show what they name."""
         if not self.names:
             return None
         if self.budget <= 0 or not self.ledger.offloaded:
@@ -232,7 +233,7 @@ class Recall:
             return None   # after the results (the next call), not between a call and its results
         names, naming, texts, repeats = self.names, self.naming, self.texts, self.repeats
         self.clear()
-        missing, pairs = self._missing(names, naming, entries, repeats)
+        missing, pairs = self._missing(names, naming, entries, repeats, coming)
         if not missing:
             return None
         msg, shown, tokens = self._message(missing, texts, pairs)
@@ -275,8 +276,8 @@ class Recall:
             self._off_key = key
         return self._off_pairs, self._off_text
 
-    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset()
-                 ) -> Tuple[List[str], list]:
+    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset(),
+                 coming: Sequence[dict] = ()) -> Tuple[List[str], list]:
         """The names the offloaded history holds and the live context (but the messages that named them)
         does not show, each as a whole token (``max_pool`` is not ``max_pool_size``), case-insensitive;
         at most :data:`MAX_NAMES`; and the offloaded ``(index, message)`` pairs searched.  Not sources: a
@@ -289,7 +290,8 @@ class Recall:
             off_text = "\n".join(_text(m) for _, m in pairs)
         if not pairs:
             return [], pairs
-        live = "\n".join(_text(e.msg) for e in entries if id(e.msg) not in naming)
+        live = "\n".join([_text(e.msg) for e in entries if id(e.msg) not in naming]
+                         + [_text(m) for m in coming if id(m) not in naming])
         if self.ctx.tools:
             live += "\n" + json.dumps(self.ctx.tools, ensure_ascii=False)
         out = []

@@ -384,7 +384,8 @@ class SummaryMaker:
         return sum(c.tokens for c in meta.kept) if meta else 0
 
     def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
-        return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts)
+        return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts,
+                               text=summary.text)
 
 
 def trim_lines_end(text: str, budget: int, count) -> str:
