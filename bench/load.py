@@ -14,7 +14,7 @@ each live session's sequence, one token further, is compared with a fresh prefil
 (``kv_drift``, max |delta logit|): cells of another sequence seen, or its own overwritten, show far above
 the placement noise of a float model (~1e-5).  Greedy replies are compared too, but they are not exact
 even on a float model: batch composition moves the float sums, so text can split late at a near-tie
-(DESIGN.md; llama.cpp PR #6950), and ``background`` times its preparations by measured rates.
+(docs/architecture.md; llama.cpp PR #6950), and ``background`` times its preparations by measured rates.
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     cp.n_seq_max = opts.n_seq_max;
     cp.n_threads = opts.n_threads > 0 ? opts.n_threads : 1;
     cp.n_threads_batch = cp.n_threads;
-    cp.kv_unified = true;  // fork = metadata only; partial seq_cp is safe (DESIGN.md)
+    cp.kv_unified = true;  // fork = metadata only; partial seq_cp is safe (docs/architecture.md, "Numerics")
     cp.swa_full = true;    // otherwise sliding-window models purge old positions silently
     cp.no_perf = true;
     cp.flash_attn_type = opts.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO

@@ -35,7 +35,7 @@ struct EngineOptions {
     uint32_t background_chunk = 64;
     uint32_t background_chunk_busy = 8;
     uint32_t seed = 0;
-    bool use_extra_bufts = false;  // ggml AMX repacking: SIGILL on some CPUs, see DESIGN.md
+    bool use_extra_bufts = false;  // ggml AMX repacking: SIGILL on some CPUs, see docs/architecture.md
     int n_gpu_layers = 0;
     int flash_attn = -1;           // -1 auto, 0 off, 1 on
     bool verbose = false;

@@ -3,7 +3,7 @@
 // rollback points of that step, and the next-token logits of each sequence.
 //
 // Tasks see the engine through this narrower interface. Every method asserts that it runs on the
-// engine thread: a llama_context is not thread-safe (DESIGN.md).
+// engine thread: a llama_context is not thread-safe (docs/architecture.md, "Threading model").
 #pragma once
 
 #include <cstdint>

@@ -316,9 +316,9 @@ def test_other_architectures(arch_engine, arch):
 
 # -- SmolLM2 (quantized) --------------------------------------------------------------------------
 
-# DESIGN.md: on SmolLM2 Q4_1 two prefills of the same tokens in other cells differ by up to ~0.9 in
-# logits (range ~34), and greedy text may split at a near-tie. The bound is that, or twice the noise
-# measured in this run, whichever is larger.
+# docs/architecture.md ("Numerics"): on SmolLM2 Q4_1 two prefills of the same tokens in other cells
+# differ by up to ~0.9 in logits (range ~34), and greedy text may split at a near-tie. The bound is that,
+# or twice the noise measured in this run, whichever is larger.
 PLACEMENT_NOISE = 1.0
 
 

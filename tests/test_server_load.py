@@ -27,8 +27,8 @@ def test_eight_conversations_at_once_equal_their_solo_runs_and_leak_nothing(tiny
     assert r["dropped"] == 0
     assert len(r["kv_drift"]) == 8 and all(d is not None and d < KV_ATOL for d in r["kv_drift"].values()), r["kv_drift"]
     # Replies are not bit-exact under load: batch composition moves the float sums, and a greedy reply can
-    # split late at a near-tie (measured: 3 of 15 runs had 1-2 of 8 conversations split, at turns 1-7; DESIGN.md,
-    # llama.cpp PR #6950). The KV check above catches a sequence whose cells disagree with its own tokens
+    # split late at a near-tie (measured: 3 of 15 runs had 1-2 of 8 conversations split, at turns 1-7;
+    # docs/architecture.md, llama.cpp PR #6950). The KV check above catches a sequence whose cells disagree with its own tokens
     # (stale or foreign cells); a token routed into the wrong sequence becomes part of that sequence's
     # tokens and passes it, but it changes that conversation's later replies, and most must stay equal.
     assert r["equal_to_alone"] >= 5, r["differing"]
