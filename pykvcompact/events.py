@@ -162,7 +162,8 @@ class Noted(Event):
 class NoteSkipped(Event):
     """No note for the tool result at ``message``: ``reason`` is no_room (the pool's cells are in use),
     superseded (newer outputs came before it started), gone (a swap replaced it before its turn), moved_on
-    (other messages followed it and the engine cannot fork a prefix), template (the chat template re-renders
+    (other messages followed it and the engine cannot fork a prefix), no_cut (the next message starts inside
+    a token: no place to cut right after the output), template (the chat template re-renders
     earlier turns), empty (the model copied no line of the output),
     unsupported: ... (the backend takes no grammar: notes stop for the session) or failed: ... (the engine
     refused the job)."""

@@ -19,6 +19,8 @@ def test_standard_runs_every_family_at_two_seeds_under_four_policies():
     # what the user names still counts
     args = cli.parse(["--standard", "--episodes=3", "--policies", "full,background"])
     assert args.episodes == 3 and args.policies == ["full", "background"]
+    with pytest.raises(SystemExit):   # an abbreviation would be taken for the option and then overridden
+        cli.parse(["--standard", "--pol", "full"])
     with pytest.raises(SystemExit):
         cli.parse(["--standard", "--quick"])
 
@@ -43,9 +45,17 @@ def test_resume_keeps_the_matching_episodes_and_refuses_other_settings(tmp_path)
     eps = [_episode("coding", 1000, "full"), _episode("coding", 1005, "full"), _episode("coding", 1000, "none")]
     _previous_run(tmp_path / "run.json", vars(standard()), eps)
     kept, earlier = cli._resumed(args, standard(), out)
-    # seed 1005 is past --episodes 2, policy none is not in the run: neither is kept
-    assert [(e["family"], e["seed"], e["policy"]) for e in kept] == [("coding", 1000, "full")]
+    # seed 1005 is past --episodes 2, policy none is not in the run: kept all the same (written back, not rerun)
+    assert [(e["family"], e["seed"], e["policy"]) for e in kept] == [("coding", 1000, "full"),
+                                                                     ("coding", 1005, "full"), ("coding", 1000, "none")]
     assert earlier == 100.0
+    (tmp_path / "run.json").write_text('{"meta": {"model": "qwen2.5-coder-1.5b"')   # cut off mid-write
+    with pytest.raises(SystemExit, match="cannot resume"):
+        cli._resumed(args, standard(), out)
+    bad = [dict(_episode("coding", 1000, "full"), seed="1000")]
+    _previous_run(tmp_path / "run.json", vars(standard()), bad)
+    with pytest.raises(SystemExit, match="seed"):
+        cli._resumed(args, standard(), out)
     other = dict(vars(standard()), window=1024)
     _previous_run(tmp_path / "run.json", other, eps)
     with pytest.raises(SystemExit, match="window"):
@@ -121,3 +131,38 @@ def test_what_the_model_wrote_is_judged_on_the_facts_of_its_span():
     md = report.markdown({"model": "m", "date": "d", "episodes_per_family": 1, "window": 2048, "duration_s": 1},
                          metrics.table([ep]), ["coding"], ["background"])
     assert "What the model wrote" in md
+
+
+def test_each_swap_is_judged_on_the_model_text_it_used():
+    """Review: two swaps read in one go got the second one's text on the first and none on the second."""
+    from pykvcompact import events as ev
+    from bench.eval.episode import Episode, Fact, Step
+    from bench.eval.recorder import Recorder
+
+    steps = [Step(0, "read", {}, "port = 4242\nx\ny"), Step(0, "read", {}, "user_id = 777\nx\ny")]
+    ep = Episode("coding", 1, "sys", "task", [], steps, [], [Fact(0, "4242"), Fact(1, "777")])
+    rec = Recorder(ep, 2048)
+    out0, out1 = ({"role": "tool", "content": s.output} for s in steps)
+    s1 = {"role": "user", "content": "[Summary] port = 4242", "summary": True}
+    s2 = {"role": "user", "content": "[Summary] user_id = 777", "summary": True}
+    session = types.SimpleNamespace(
+        events=[ev.SummaryReady(10, 1.0, text="- port = 4242"), ev.Rebased("exact", 100, 50, 1.0, 0),
+                ev.SummaryReady(10, 1.0, fallback=True, text="(fallback)"), ev.Rebased("exact", 90, 40, 1.0, 0,
+                                                                                     fallback=True)],
+        transcript=[out0, s1, out1, s2], offloaded=[out0, out1], fill=0.5,
+        policy=types.SimpleNamespace(cue_weight=0.0))
+    rec.after(session, 1, adding=True)
+    assert [s["model_text"] for s in rec.summaries] == ["- port = 4242", None]
+    assert rec.summaries[0]["model_carried"] == ["4242"] and rec.summaries[1]["model_carried"] is None
+
+
+def test_the_checkpoint_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    report.write_json(str(path), {"episodes": [1]})
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(json, "dump", killed)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_json(str(path), {"episodes": [1, 2]})
+    assert json.loads(path.read_text()) == {"episodes": [1]}   # the previous checkpoint, intact

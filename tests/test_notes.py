@@ -245,3 +245,24 @@ def test_without_prefix_forks_an_output_no_longer_newest_is_skipped_by_name(tmp_
     assert "moved_on" in skipped and s.chat("still fine?", max_tokens=8)["choices"]
     assert all(len(v) == 1 and v[0].startswith("max_pool_size") for v in noted.values())
     s.close()
+
+
+def test_every_output_is_accounted_for_when_a_swap_cancels_the_note_being_written(tmp_path):
+    """Review: a swap that cancelled the running note (no_room) also dropped the outputs waiting behind it,
+    with no event."""
+    eng = FakeEngine(n_ctx=3100, bg_polls=12)
+    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="slow",
+                   policy=pk.Policy(mode="background", window=1600, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=160))
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(16):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
+               {"role": "assistant", "content": f"Read s{i}."}])
+        if i % 2:
+            s.chat(f"next {i}", max_tokens=8)
+    noted, skipped = _notes_of(s)
+    outputs = [k for k, m in enumerate(s.transcript) if m.get("role") == "tool"]
+    taker = s._maker.notes
+    pending = len(taker._waiting) + taker.writing
+    assert len(noted) + len(skipped) + pending == len(outputs), (noted, skipped, pending)
+    s.close()

@@ -24,7 +24,8 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.eval", description=__doc__.splitlines()[0])
+    # no abbreviations: --standard fills in --policies and --episodes unless they are named in full
+    ap = argparse.ArgumentParser(prog="python -m bench.eval", description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="registry name or GGUF path")
     ap.add_argument("--episodes", type=int, default=10, help="episodes per family")
     ap.add_argument("--quick", action="store_true", help="small window and episodes (smoke run)")
@@ -116,6 +117,7 @@ def main(argv=None) -> int:
 def _resumed(args, settings, out: str):
     """The episodes of an earlier run at ``out`` that this one would run too, and its duration; a run of
     another model or other settings is refused, naming the difference (never mixed in silently)."""
+    from . import metrics
     from .merge import check, compatible
 
     path = out + ".json"
@@ -127,11 +129,14 @@ def _resumed(args, settings, out: str):
         check(run, path)
         compatible(run["meta"], {"model": args.model, "quick": args.quick, "settings": vars(settings)},
                    path, "this run")
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"cannot resume from {path}: {exc} (use another --out, or move the file away)")
-    wanted = [r for r in run["episodes"] if r["family"] in args.families and r["policy"] in args.policies
-              and args.seed <= r["seed"] < args.seed + args.episodes]
-    return wanted, float(run["meta"].get("duration_s") or 0.0)
+        metrics.table(run["episodes"])   # episodes the report cannot read would stop every checkpoint
+        for r in run["episodes"]:
+            if not isinstance(r["seed"], int):
+                raise ValueError(f"episode {r['family']}/{r['policy']} has seed {r['seed']!r}, not a number")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"cannot resume from {path}: {exc!r} (use another --out, or move the file away)")
+    # every earlier episode is kept (and written back): those of other families, policies or seeds too
+    return run["episodes"], float(run["meta"].get("duration_s") or 0.0)
 
 
 def _write(args, settings, out: str, results: list, duration_s: float) -> list:
@@ -147,11 +152,14 @@ def _write(args, settings, out: str, results: list, duration_s: float) -> list:
     try:
         table = metrics.table(results)
     except Exception:   # never lose hours of episodes to a report's bug: keep them, then fail
-        with open(out + ".json", "w") as f:
-            json.dump({"meta": meta, "episodes": results}, f, indent=1, default=str)
+        report.write_json(out + ".json", {"meta": meta, "episodes": results})
         raise
-    families = [f for f in args.families if any(r["family"] == f for r in results)]
-    files = report.write(out, meta, results, table, families, [p for p in args.policies if p in table])
+    # a resumed file may hold other families and policies too: they stay in the report
+    families = [f for f in dict.fromkeys(list(args.families) + [r["family"] for r in results])
+                if any(r["family"] == f for r in results)]
+    policies = [p for p in dict.fromkeys(list(args.policies) + [r["policy"] for r in results]) if p in table]
+    meta.update(families=families, policies=policies)
+    files = report.write(out, meta, results, table, families, policies)
     if not args.no_plots and results:
         from . import plots
 

@@ -23,8 +23,9 @@ class Recorder:
         self.timeline: List[dict] = []
         self.events: List[dict] = []
         self.notes: List[dict] = []      # the model's notes (sessions/notes.py) and the facts they carried
-        self._model_text: Optional[str] = None   # the model's last summary, until a swap uses it
+        self._ready_text: Optional[str] = None   # the model's last summary, until a swap uses it
         self._gone_facts: set = set()
+        self._swaps: List[tuple] = []            # per swap not yet read: (the model's text or None, span facts)
         self._seen_events = 0
         self._seen_summaries = 0
 
@@ -48,8 +49,10 @@ class Recorder:
                                 "reason": getattr(e, "reason", None), "phase": self.phase(step)})
             if e.name == "noted":
                 self._read_note(session, e)
-            elif e.name == "summary_ready" and not e.fallback:
-                self._model_text = e.text   # judged when the swap that uses it has offloaded its span
+            elif e.name == "summary_ready":
+                self._ready_text = None if e.fallback else e.text   # the next swap that is no fallback uses it
+            elif e.name == "preparation_restarted":
+                self._ready_text = None
             elif e.name == "probe":
                 cue = bool(getattr(e, "cue", False))
                 self.probes.append({"step": step, "p": e.p, "verdict": e.verdict, "trigger": e.trigger,
@@ -67,6 +70,14 @@ class Recorder:
                                          "kept_tokens": getattr(e, "kept_tokens", 0)})
                 if e.name == "rebased":
                     self.stalls_ms.append(e.stall_ms)
+                    model = None if e.fallback else self._ready_text
+                    self._ready_text = None
+                    # the facts of the span it replaced: offloaded now and not at the previous swap (two swaps
+                    # read in one go: the first gets them all, the second none, and is not judged)
+                    gone = {m.get("content") for m in session.offloaded}
+                    now = [f.text for f in self.ep.facts if self.ep.source_text(f) in gone]
+                    self._swaps.append((model, [f for f in now if f not in self._gone_facts]))
+                    self._gone_facts.update(now)
         self._read_summaries(session)
         self.timeline.append({"t": time.time() - self.t0, "fill": session.fill, "step": step})
 
@@ -84,19 +95,17 @@ class Recorder:
             return
         gone = {m.get("content") for m in session.offloaded}
         required = [f for f in self.ep.facts if self.ep.source_text(f) in gone]
-        new = [f.text for f in required if f.text not in self._gone_facts]   # the replaced span established
         for m in summaries[self._seen_summaries:]:
             text = m.get("content") or ""
             carried = [f.text for f in required if carries(text, f.text)]
-            model = self._model_text
+            model, span = self._swaps.pop(0) if self._swaps else (None, [])
             self.summaries.append({"required": [f.text for f in required], "carried": carried,
                                    "recall": (len(carried) / len(required)) if required else None,
                                    "chars": len(text), "text": text,   # whole: the key results come last
-                                   # the model's own text, if it wrote one for this swap, on the span's facts
-                                   "model_text": model, "span_facts": new,
-                                   "model_carried": None if model is None else [f for f in new if carries(model, f)]})
-            self._model_text = None
-        self._gone_facts.update(f.text for f in required)
+                                   # the model's own text, if it wrote the one this swap used, judged on the
+                                   # facts of the span the swap replaced
+                                   "model_text": model, "span_facts": span,
+                                   "model_carried": None if model is None else [f for f in span if carries(model, f)]})
         self._seen_summaries = len(summaries)
 
     def result(self) -> dict:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Dict, List
 
 
@@ -107,9 +108,19 @@ def _triggers(m: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in (m.get("compactions_by_trigger") or {}).items()) or "-"
 
 
+def write_json(path: str, data: dict) -> None:
+    """Written whole or not at all (a temporary file renamed over it): a run killed while it writes its
+    checkpoint keeps the previous one, which --resume can read."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def write(prefix: str, meta: dict, results: List[dict], metrics: dict, families, policies) -> List[str]:
-    with open(prefix + ".json", "w") as f:
-        json.dump({"meta": meta, "metrics": metrics, "episodes": results}, f, indent=1, default=str)
+    write_json(prefix + ".json", {"meta": meta, "metrics": metrics, "episodes": results})
     with open(prefix + ".md", "w") as f:
         f.write(markdown(meta, metrics, list(families), list(policies)))
     return [prefix + ".json", prefix + ".md"]

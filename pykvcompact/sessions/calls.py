@@ -61,10 +61,11 @@ class CallLoop:
             if m["role"] == "user":
                 # what a user message names that only the offloaded history holds goes before it, so that
                 # the question stays the last thing the model reads before it answers (after it, the model
-                # answered by describing the lookup: "search_history returned")
+                # answered by describing the lookup: "search_history returned").  Only if the rest of the
+                # batch fits after it; no events are drained in between (a stream closed there would keep
+                # the lookup without its question).
                 self._recall.note([m])
-                self._recall.run(coming=msgs[i + 1:])
-                yield from self._drain()
+                self._recall.run(then=msgs[i:])
             self._append(m)
             yield from self._drain()
             if m["role"] == "tool":

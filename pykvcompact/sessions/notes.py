@@ -17,7 +17,8 @@ At most one note is written at a time; up to ``MAX_WAITING`` outputs wait their 
 that is ``note_skipped`` superseded).  An output that is no longer the newest message when its turn comes
 (the reply, or the next call, followed it) is noted on a fork of the sequence cut right after it, so "the
 tool output above" is still that output; where the engine cannot fork a prefix (recurrent models) it is
-skipped (moved_on), and one a swap replaced before its turn is skipped too (gone).  A note goes on through a
+skipped (moved_on), where the next message starts inside a token (no_cut), and one a swap replaced before
+its turn is skipped too (gone).  A note goes on through a
 swap unless the pool lacks the cells its fork of the old sequence holds (``note_skipped`` no_room).
 """
 from __future__ import annotations
@@ -146,9 +147,13 @@ class NoteTaker:
         return self._writing is not None
 
     def close(self, reason: str = "") -> None:
-        """Cancel a note in progress and free its fork: the session closes, or after a swap the pool lacks
-        the cells its fork of the old sequence holds (``reason``: said in a ``note_skipped`` event)."""
-        w, self._writing, self._waiting = self._writing, None, []
+        """Cancel the note in progress and free its fork.  ``reason`` (said in a ``note_skipped`` event): after
+        a swap the pool lacks the cells its fork of the old sequence holds; the outputs waiting their turn
+        keep it (they are noted on the new sequence while they are live).  No reason: the session closes,
+        and nothing waits any more."""
+        w, self._writing = self._writing, None
+        if not reason:
+            self._waiting = []
         if w is not None and reason:
             self.emit(ev.NoteSkipped(w.tidx, reason))
         if w is not None:
@@ -171,7 +176,9 @@ class NoteTaker:
             return k, len(ctx.text), None
         after = ctx.entries[k + 1] if k + 1 < len(ctx.entries) else ctx.partial
         if after.start_tok is None:
-            return "moved_on"      # the next message starts inside a token: no clean place to cut
+            # the next message starts inside a token (Qwen's template joins consecutive tool results in one
+            # turn): there is no clean place to cut the sequence right after this output
+            return "no_cut"
         return k, after.start_char, after.start_tok
 
     def _start(self, tidx: int) -> None:

@@ -36,7 +36,7 @@ import re
 from typing import Callable, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .. import events as ev, history_search
-from .messages import ContextWindowError
+from .messages import ContextWindowError, view_of
 
 FLAG = "recall"
 HEADER = "Recalled from the offloaded history (search_history found these lines for {names}):"
@@ -218,11 +218,11 @@ class Recall:
         self.names, self.naming, self.texts, self.repeats = [], set(), [], set()
 
     # ------------------------------------------------------------------ recalling
-    def run(self, coming: Sequence[dict] = ()) -> Optional[dict]:
+    def run(self, then: Sequence[dict] = ()) -> Optional[dict]:
         """Add the recall message for the names noted, when some are missing from the live context and in
         the offloaded history; returns it (``None`` when nothing was recalled).  Waits (keeps the names)
-        while a tool call at the end of the context has no result yet.  ``coming``: messages about to join
-        the live context after the recall (the rest of the batch), which show what they name."""
+        while a tool call at the end of the context has no result yet.  ``then``: messages that will follow
+        the recall (the rest of the batch): it is added only if they fit after it in the window."""
         if not self.names:
             return None
         if self.budget <= 0 or not self.ledger.offloaded:
@@ -233,7 +233,7 @@ class Recall:
             return None   # after the results (the next call), not between a call and its results
         names, naming, texts, repeats = self.names, self.naming, self.texts, self.repeats
         self.clear()
-        missing, pairs = self._missing(names, naming, entries, repeats, coming)
+        missing, pairs = self._missing(names, naming, entries, repeats)
         if not missing:
             return None
         msg, shown, tokens = self._message(missing, texts, pairs)
@@ -250,7 +250,7 @@ class Recall:
              "function": {"name": history_search.NAME, "arguments": json.dumps({"query": " ".join(missing)})}}]}
         msg["tool_call_id"] = call_id
         try:   # a template that cannot render the pair: no recall rather than a failed call
-            text = self.ctx.render(self.ctx.views() + [call, msg])
+            text = self.ctx.render(self.ctx.views() + [call, msg] + [view_of(m) for m in then])
             if self.ctx.measure(text) > self.window:
                 return None
         except Exception:  # noqa: BLE001 - jinja raises its own errors (raise_exception in the template)
@@ -276,8 +276,8 @@ class Recall:
             self._off_key = key
         return self._off_pairs, self._off_text
 
-    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset(),
-                 coming: Sequence[dict] = ()) -> Tuple[List[str], list]:
+    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset()
+                 ) -> Tuple[List[str], list]:
         """The names the offloaded history holds and the live context (but the messages that named them)
         does not show, each as a whole token (``max_pool`` is not ``max_pool_size``), case-insensitive;
         at most :data:`MAX_NAMES`; and the offloaded ``(index, message)`` pairs searched.  Not sources: a
@@ -290,8 +290,7 @@ class Recall:
             off_text = "\n".join(_text(m) for _, m in pairs)
         if not pairs:
             return [], pairs
-        live = "\n".join([_text(e.msg) for e in entries if id(e.msg) not in naming]
-                         + [_text(m) for m in coming if id(m) not in naming])
+        live = "\n".join(_text(e.msg) for e in entries if id(e.msg) not in naming)
         if self.ctx.tools:
             live += "\n" + json.dumps(self.ctx.tools, ensure_ascii=False)
         out = []
