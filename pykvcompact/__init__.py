@@ -25,11 +25,9 @@ __all__ = [
     "InvalidStateError", "StateMismatchError", "LLAMA_CPP_PYTHON_VERSION", "RemoteEngine", "RemoteError",
 ]
 
-# The policy layer (sessions, compaction); optional until present.
-try:  # pragma: no cover - import wiring
-    from . import events  # noqa: F401
-    from .policy import Policy  # noqa: F401
-    from .session import Session  # noqa: F401
-    __all__ += ["Session", "Policy", "events"]
-except ImportError:  # the policy layer is being built
-    pass
+# The policy layer (sessions, compaction): a failure to import it is a real error, never hidden.
+from . import events  # noqa: E402,F401
+from .policy import Policy  # noqa: E402,F401
+from .session import Session  # noqa: E402,F401
+
+__all__ += ["Session", "Policy", "events"]

@@ -151,12 +151,6 @@ class Preparation:
                 pass
         self.abandoned = []
 
-    def take_fallback(self):
-        """``(replacement, rebase)`` of the prepared fallback, or ``(None, None)``."""
-        rep, rb = self.fallback, self.fallback_rb
-        self.fallback, self.fallback_rb = None, None
-        return rep, rb
-
     def _ready(self) -> None:
         self.replacement = self._build(self.job.summary)
         self.ready_at = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Review of issue 12 (the user's instructions survive every compaction): regressions on the fake engine."""
+"""The user's instructions survive every compaction: edge cases on the fake engine."""
 from __future__ import annotations
 
 import os

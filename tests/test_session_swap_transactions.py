@@ -1,4 +1,4 @@
-"""Issue 7: one regression test per bug found in the review of session.py (each failed on the old code).
+"""The swap is a transaction, and what surrounds it: one test per defect once found in session.py.
 Bug 7 (thresholds) is also covered in test_policy.py; bug 11 (an assertion that could not fail) was fixed
 in test_session_logic.py::test_chat_response_shape_and_stream."""
 from __future__ import annotations

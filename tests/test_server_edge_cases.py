@@ -1,4 +1,4 @@
-"""Regressions from the adversarial review of the server, on the tiny float model: broken or unusual tool
+"""The server's edge cases, on the tiny float model: broken or unusual tool
 schemas, function names, seeds, error params, docs behind the key, startup validation, usage accounting,
 disconnects (plain and streamed)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regression tests for what an adversarial review of the engine rewrite reproduced: a commit that
+"""The engine recovers from failures: a commit that
 could not be retried, queued jobs that ignored cancel, recurrent memories losing their logits on a
 failed decode or a cancelled prefill, one failing code killing every task, a process abort on a huge
 thread count, an off-by-one at a full context, dropped Rebase handles leaking, empty logits."""

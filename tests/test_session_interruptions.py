@@ -1,4 +1,4 @@
-"""Regressions from the second adversarial review of the issue-7 session (reproduced on FakeEngine)."""
+"""Interrupted streams and swaps, retried summaries, large turns (on FakeEngine)."""
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,4 @@
-"""Adversarial review of persistence and crash safety: Session.save / Session.load, the write-ahead log,
+"""Persistence and crash safety: Session.save / Session.load, the write-ahead log,
 the KV state round trip, the server registry's offload / restore.
 
 Tests marked ``xfail(strict=True)`` reproduce a bug and assert the correct behaviour (they start to pass,

@@ -1,8 +1,4 @@
-"""Defects from the third adversarial review of the issue-7 session (reproduced on FakeEngine).
-
-Each test fails on the code it was written against (443d81c) and says what should happen instead.
-(Uncommitted working-tree changes seen during the review — ``room_restarts``, ``_history_changed`` —
-already make the first three pass; the last two fail with or without them.)"""
+"""The preparation schedule and the room for large calls (on FakeEngine): each test says what should happen."""
 from __future__ import annotations
 
 import pykvcompact as pk
