@@ -20,8 +20,9 @@ def markdown(meta: dict, metrics: Dict[str, Dict[str, dict]], families: List[str
              f"{meta['episodes_per_family']} episode(s) per family, window {meta['window']}, "
              f"{meta['duration_s']:.0f} s in all, driven by the environment (scripted tool calls); "
              f"{'quick settings' if meta.get('quick') else 'full settings'}."
-             + (f" Families whose wording heuristics were once tuned on: {', '.join(tuned)}; "
-                f"`{HELD_OUT}` pools the others." if held else ""), "",
+             + ((f" Families whose wording heuristics were once tuned on: {', '.join(tuned)}; "
+                 f"`{HELD_OUT}` pools the others." if tuned else
+                 f" Nothing was tuned on these families; `{HELD_OUT}` pools them.") if held else ""), "",
              "## Accuracy (95% Wilson interval) per family", "",
              "| policy | " + " | ".join(families) + " | all |" + (" held-out |" if held else ""),
              "|---|" + "---|" * (len(families) + 1 + held)]
