@@ -34,11 +34,20 @@ def test_choices_grammar_and_the_lines_kept():
     assert N.noted_lines("", lines) == [] and N.noted_lines("zzz", lines) == []
 
 
-def session(tmp_path, mode="background", **pol):
-    eng = FakeEngine(n_ctx=8192)
+def session(tmp_path, mode="background", *, bg_polls=0, window=1600, **pol):
+    eng = FakeEngine(n_ctx=8192, bg_polls=bg_polls)
     return eng, pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id=mode,
-                           policy=pk.Policy(mode=mode, window=1600, compact_tool=False, history_tool=False,
+                           policy=pk.Policy(mode=mode, window=window, compact_tool=False, history_tool=False,
                                             summary_max_tokens=160, **pol))
+
+
+def read_and_comment(s, n):
+    """``n`` config reads, each followed by the agent's comment and a user turn."""
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(n):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
+               {"role": "assistant", "content": f"Read the config of s{i}."}])
+        s.chat(f"go on {i}", max_tokens=8)
 
 
 def test_a_note_per_tool_result_in_background_mode_and_its_lines_outlive_the_output(tmp_path):
@@ -209,15 +218,8 @@ def _notes_of(s):
 def test_an_output_followed_by_other_messages_is_still_noted_from_a_fork_cut_after_it(tmp_path):
     """The agent commented on each output (an assistant message right after it) while an earlier note was
     still being written: each output is noted on a fork cut right after it, so the note is of that output."""
-    eng = FakeEngine(n_ctx=8192, bg_polls=3)
-    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="cut",
-                   policy=pk.Policy(mode="background", window=4000, compact_tool=False, history_tool=False,
-                                    summary_max_tokens=160))
-    s.chat("Audit the pool sizes.", max_tokens=8)
-    for i in range(6):
-        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
-               {"role": "assistant", "content": f"Read the config of s{i}."}])
-        s.chat(f"go on {i}", max_tokens=8)
+    _, s = session(tmp_path, bg_polls=3, window=4000)
+    read_and_comment(s, 6)
     noted, skipped = _notes_of(s)
     outputs = [k for k, m in enumerate(s.transcript) if m.get("role") == "tool"]
     for k in noted:   # each note copies its own output's line, never a later one's
@@ -231,16 +233,9 @@ def test_an_output_followed_by_other_messages_is_still_noted_from_a_fork_cut_aft
 
 
 def test_without_prefix_forks_an_output_no_longer_newest_is_skipped_by_name(tmp_path):
-    eng = FakeEngine(n_ctx=8192, bg_polls=6)   # a note outlasts the next step: its output has moved on
+    eng, s = session(tmp_path, bg_polls=6, window=4000)   # a note outlasts the next step: its output moved on
     eng.can_fork_prefix = False   # a recurrent model
-    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="rec",
-                   policy=pk.Policy(mode="background", window=4000, compact_tool=False, history_tool=False,
-                                    summary_max_tokens=160))
-    s.chat("Audit the pool sizes.", max_tokens=8)
-    for i in range(4):
-        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i)),
-               {"role": "assistant", "content": f"Read the config of s{i}."}])
-        s.chat(f"go on {i}", max_tokens=8)
+    read_and_comment(s, 4)
     noted, skipped = _notes_of(s)
     assert "moved_on" in skipped and s.chat("still fine?", max_tokens=8)["choices"]
     assert all(len(v) == 1 and v[0].startswith("max_pool_size") for v in noted.values())
