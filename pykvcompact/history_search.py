@@ -35,13 +35,16 @@ TOOL = {
 }
 
 # words that carry no information about *which* message is meant
-_STOP = frozenset("""a an and are as at be by did do does for from had has have how i in is it its me my
+STOP_WORDS = _STOP = frozenset("""a an and are as at be by did do does for from had has have how i in is it its me my
 of on or our so than that the their them then there these this those to us was we were what when where
 which who why will with you your""".split())
 _TERM = re.compile(r"[\w][\w.\-/:]*[\w]|[\w]")
 MAX_TERMS = 24          # a longer query is searched by its first 24 terms
 QUOTE = 60              # characters of the query quoted back in a result
-LONG_LINE = 240         # characters: a longer line is shown as an excerpt around its rarest match
+LONG_LINE = 240         # characters: a longer line is shown as an excerpt around its matches
+RIVAL = 0.75            # of the best live line's score: a compacted line this close is still recalled (it may be
+                        # the one that answers: the live line shares the words, not necessarily the fact)
+MIN_EXCERPT = 60        # characters: the narrowest excerpt tried for a best line that does not fit
 CALL_WEIGHT = 0.5       # of a term's weight, for a tool result's line whose call's arguments match the term
 
 
@@ -125,13 +128,22 @@ def searchable(msg: dict) -> bool:
     return not (msg.get("role") == "tool" and msg.get("name") == NAME)
 
 
-def _excerpt(line: str, pats: Sequence["re.Pattern"]) -> str:
-    """``line``, or for a long one the part around the first match of the first pattern (the rarest)."""
-    if len(line) <= LONG_LINE:
+def _excerpt(line: str, pats: Sequence["re.Pattern"], width: int = LONG_LINE) -> str:
+    """``line``, or for a long one the ``width`` characters that hold the most of the query's terms (``pats``,
+    rarest first: a tie goes to the window with the rarer term), starting a little before a match (a
+    value follows its key: ``"percent_covered_display": "57.77"``)."""
+    if len(line) <= width:
         return line
-    at = next((m.start() for m in (p.search(line) for p in pats) if m), 0)
-    start = max(0, at - LONG_LINE // 3)
-    end = min(len(line), start + LONG_LINE)
+    spans = [(m.start(), m.end(), r) for r, p in enumerate(pats) for m in p.finditer(line)]
+    best, at = None, 0
+    for start, _, _ in spans:
+        s0 = max(0, start - min(8, width // 8))
+        inside = {r for a, e, r in spans if a >= s0 and e <= s0 + width}
+        key = (len(inside), -min(inside))
+        if best is None or key > best:
+            best, at = key, s0
+    start = min(at, max(0, len(line) - width))
+    end = min(len(line), start + width)
     return ("..." if start else "") + line[start:end] + ("..." if end < len(line) else "")
 
 
@@ -153,8 +165,16 @@ def search(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
 
 
 def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
-                  count: Callable[[str], int] = lambda s: len(s) // 4 + 1) -> Tuple[str, int]:
-    """``(text, lines shown)``: see :func:`search`."""
+                  count: Callable[[str], int] = lambda s: len(s) // 4 + 1,
+                  context: Sequence[dict] = (), anchors: Sequence[str] = ()) -> Tuple[str, int]:
+    """``(text, lines shown)``: see :func:`search`.
+
+    ``context`` (the recall's use): the messages the model sees now.  Their lines are ranked with the
+    others (they count in the terms' rarity) and set the bar: only a compacted line that ranks above every
+    line of the context is a rival (it scores at least :data:`RIVAL` of the best of them) and is not shown
+    there already, so nothing is returned when the context holds clearly better evidence (``("", 0)``).  ``anchors`` (names, required with ``context``): only the lines that match one of their
+    terms (themselves, or through their call's arguments) count, as evidence and as the bar; the query's
+    other words ("reply with the value only") rank them but are no evidence on their own."""
     messages = [(i, m) for i, m in messages if searchable(m)]
     if not messages:
         return NOTHING_OFFLOADED, 0
@@ -162,27 +182,28 @@ def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: i
     if not want:
         return f"The query {_quote(query)} has no words to search for: name a value, id, path or word.", 0
     lines = [(idx, msg, ln) for idx, msg in messages for ln in _text(msg).splitlines() if ln.strip()]
-    n = len(lines)
-    pats = {t: _pattern(t) for t in want}
-    hits = {t: [k for k, (_, _, ln) in enumerate(lines) if pats[t].search(ln)] for t in want}
-    # BM25's idf; a term on more than half the lines tells little (a tenth of its weight)
-    idf = {t: math.log(1 + (n - len(h) + 0.5) / (len(h) + 0.5)) * (1.0 if len(h) <= n / 2 else 0.1)
-           for t, h in hits.items() if h}
-    if not idf:
+    n_off = len(lines)
+    lines += [(-1, msg, ln) for msg in context for ln in _text(msg).splitlines() if ln.strip()]
+    ranked = _rank(lines, want, list(messages) + [(-1, m) for m in context])
+    if ranked is None:
         return (f"No compacted message matches {_quote(query)} ({len(messages)} messages searched). The summary "
                 "above and the recent messages are all the context there is.", 0)
-    score: dict = {}
-    for t, h in hits.items():
-        for k in h:
-            score[k] = score.get(k, 0.0) + idf.get(t, 0.0)
-    calls = _calls_of(messages)
-    for k in list(score):   # a line that matches on its own also gets what its call's arguments match
-        msg, line = lines[k][1], lines[k][2]
-        call = calls.get(id(msg))
-        if call:
-            score[k] += CALL_WEIGHT * sum(w for t, w in idf.items() if pats[t].search(call) and not pats[t].search(line))
+    score, matched, pats, idf = ranked
+    if context:   # evidence about what the anchors name: lines that match one of them
+        anchor_terms = {t for a in anchors for t in terms(a)}
+        about = {k: sc for k, sc in score.items() if matched[k] & anchor_terms}
+        # what the user wrote is where a question comes from, not its answer: no bar (a summary quotes it too)
+        asked = {" ".join(ln.split()) for _, m, ln in lines if m.get("role") == "user" and not m.get("summary")}
+        bar = max((sc for k, sc in about.items() if k >= n_off and " ".join(lines[k][2].split()) not in asked),
+                  default=0.0)
+        shown_live = {" ".join(lines[k][2].split()) for k in range(n_off, len(lines))}
+        score = {k: sc for k, sc in about.items() if k < n_off and sc >= RIVAL * bar
+                 and " ".join(lines[k][2].split()) not in shown_live}
+        if not score:
+            return "", 0
     scored = sorted(((sc, lines[k][0], k) for k, sc in score.items()), key=lambda x: (-x[0], -x[1], x[2]))
     # the excerpt of a long line centres on its rarest term: fewest occurrences in all the lines
+    hits = {t: [k for k in range(len(lines)) if t in matched.get(k, ())] for t in idf}
     occurrences = {t: sum(len(pats[t].findall(lines[k][2])) for k in hits[t]) for t in idf}
     rare = [pats[t] for t in sorted(idf, key=lambda t: (-idf[t], occurrences[t]))]
     shown_text = {k: _excerpt(lines[k][2], rare) for _, _, k in scored}
@@ -192,7 +213,13 @@ def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: i
     picked: dict = {}
     shown = 0
     for _, idx, k in scored:
-        cost = count(shown_text[k]) + (0 if idx in picked else count(_head(idx, lines[k][1])))
+        head = 0 if idx in picked else count(_head(idx, lines[k][1]))
+        cost = count(shown_text[k]) + head
+        width = LONG_LINE
+        while used + cost > budget and not shown and width > MIN_EXCERPT:   # the best line, narrower
+            width = width * 3 // 4
+            shown_text[k] = _excerpt(lines[k][2], rare, width)
+            cost = count(shown_text[k]) + head
         if used + cost > budget:
             if shown:
                 break
@@ -211,6 +238,36 @@ def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: i
     if len(scored) > shown:
         out.append(footer.format(len(scored) - shown))
     return "\n".join(out), shown
+
+
+def _rank(lines, want: Sequence[str], messages: Sequence[Tuple[int, dict]]):
+    """Each line's score for the query terms ``want``: the rarity (BM25's idf over ``lines``) of the terms
+    it contains, plus :data:`CALL_WEIGHT` of those its call's arguments match.  ``(score, matched terms,
+    patterns, idf)`` by line index, or ``None`` when no line matches any term."""
+    n = len(lines)
+    pats = {t: _pattern(t) for t in want}
+    matched: dict = {}
+    counts = {t: 0 for t in want}
+    for k, (_, _, ln) in enumerate(lines):
+        for t in want:
+            if pats[t].search(ln):
+                matched.setdefault(k, set()).add(t)
+                counts[t] += 1
+    # BM25's idf; a term on more than half the lines tells little (a tenth of its weight)
+    idf = {t: math.log(1 + (n - c + 0.5) / (c + 0.5)) * (1.0 if c <= n / 2 else 0.1)
+           for t, c in counts.items() if c}
+    if not idf:
+        return None
+    score = {k: sum(idf[t] for t in ts) for k, ts in matched.items()}
+    calls = _calls_of(messages)
+    for k in list(score):   # a line that matches on its own also gets what its call's arguments match
+        msg, line = lines[k][1], lines[k][2]
+        call = calls.get(id(msg))
+        if call:
+            extra = {t for t in idf if pats[t].search(call) and t not in matched[k]}
+            score[k] += CALL_WEIGHT * sum(idf[t] for t in extra)
+            matched[k] = matched[k] | extra
+    return score, matched, pats, idf
 
 
 __all__ = ["NAME", "TOOL", "DESCRIPTION", "NOTHING_OFFLOADED", "is_search_call", "query_of", "terms", "search",

@@ -62,9 +62,9 @@ class Session(CallLoop):
     read :attr:`events`, :attr:`fill`, :attr:`transcript`, :attr:`messages`, :attr:`window`.
 
     ``recall_tokens``: when a new user message or tool call names something (a path, key, id, number,
-    quoted string) that only the offloaded history holds, up to this many tokens of its best matching
-    lines are placed in the context before the reply (``sessions/recall.py``; a ``recalled`` event).
-    ``None``: ``min(128, window // 16)``; ``0``: never.
+    quoted string, proper noun) that the offloaded history holds, and the offloaded lines about it rival the
+    live context's best, up to this many tokens of them are placed in the context before the reply
+    (``sessions/recall.py``; a ``recalled`` event).  ``None``: ``min(256, window // 12)``; ``0``: never.
     """
 
     def __init__(self, engine, *, system: Optional[str] = None, policy: Optional[Policy] = None,

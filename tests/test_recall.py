@@ -203,15 +203,19 @@ def test_a_value_in_the_middle_of_an_offloaded_output_is_recalled_before_the_rep
 
 def test_yaml_and_json_lines_are_recalled_by_the_words_around_the_name(tmp_path):
     _, s, _ = offloaded_session(tmp_path)
-    # the path is visible (the summary lists the read_file call that read it): it alone recalls nothing
-    assert "k8s/payments/deployment.yaml" in s.render()
+    # the path is visible (the summary lists the read_file call that read it), the value the file holds is
+    # not: the file's line that answers is recalled (the call's path ranks its output's lines)
+    assert "k8s/payments/deployment.yaml" in s.render() and "replicas: 7" not in s.render()
     s.chat("How many replicas does k8s/payments/deployment.yaml ask for?", max_tokens=8)
-    assert not recalls(s)
-    # an indented YAML key, named by its syntax; the question's other words rank the lines too
+    body = recalls(s)[-1]["content"].splitlines()
+    assert body[0] == HEADER_START + "k8s/payments/deployment.yaml):"
+    assert body[1].startswith("[message ") and body[2] == "  replicas: 7"
+    # an indented YAML key, named by its syntax; the question's other words rank the lines too, and a line
+    # the live context shows (recalled above) is not recalled again
     s.chat("Is GATEWAY_RETRIES still 5 for payments, and how many replicas run?", max_tokens=8)
     body = recalls(s)[-1]["content"].splitlines()
     assert body[0] == HEADER_START + "GATEWAY_RETRIES):"
-    assert "            - name: GATEWAY_RETRIES" in body and "  replicas: 7" in body
+    assert "            - name: GATEWAY_RETRIES" in body and "  replicas: 7" not in body
     # JSON lines: the account's own line, not its neighbours
     s.chat("What is the balance of ACC-1017 and is it frozen?", max_tokens=8)
     body = recalls(s)[-1]["content"].splitlines()
@@ -219,7 +223,8 @@ def test_yaml_and_json_lines_are_recalled_by_the_words_around_the_name(tmp_path)
     # a log line in the middle of a tail
     s.chat("Which upstream timed out, build_77?", max_tokens=8)
     assert any("upstream build_77 timed out" in ln for ln in recalls(s)[-1]["content"].splitlines())
-    assert [e.names for e in recalled_events(s)] == [["GATEWAY_RETRIES"], ["ACC-1017"], ["build_77"]]
+    assert [e.names for e in recalled_events(s)] == [["k8s/payments/deployment.yaml"], ["GATEWAY_RETRIES"],
+                                                     ["ACC-1017"], ["build_77"]]
     s.close()
 
 
@@ -284,10 +289,10 @@ def test_the_budget_is_respected(tmp_path, budget):
 
 
 def test_default_budget_and_zero_turns_it_off(tmp_path):
-    assert recall.default_budget(2048) == 128 and recall.default_budget(1024) == 64
-    assert recall.default_budget(8192) == 128 and recall.default_budget(256) == recall.MIN_TOKENS
+    assert recall.default_budget(2048) == 170 and recall.default_budget(1024) == 85
+    assert recall.default_budget(8192) == 256 and recall.default_budget(256) == recall.MIN_TOKENS
     _, s, _ = offloaded_session(tmp_path / "a")
-    assert s.recall_tokens == 128
+    assert s.recall_tokens == 256
     s.close()
     _, s, _ = offloaded_session(tmp_path / "b", recall_tokens=0)
     s.chat(QUESTION, max_tokens=8)
@@ -443,7 +448,7 @@ def test_on_smollm2_the_recall_renders_and_fits_its_budget(smollm_engine, tmp_pa
     s = pk.Session(smollm_engine, system="You are a careful ops agent. Answer in one short sentence.",
                    history_dir=tmp_path, tools=TOOLS[:1],
                    policy=pk.Policy(mode="none", window=1024, compact_tool=False, probe_every=10_000))
-    assert s.recall_tokens == 64
+    assert s.recall_tokens == recall.default_budget(1024) == 85
     s.add([{"role": "user", "content": "Audit the auth service before the release."},
            {"role": "assistant", "content": None,
             "tool_calls": [call("c1", "read_file", path="services/auth/config.toml")]},
@@ -459,7 +464,7 @@ def test_on_smollm2_the_recall_renders_and_fits_its_budget(smollm_engine, tmp_pa
     s.add({"role": "user", "content": QUESTION})
     rec = recalls(s)
     assert len(rec) == 1 and "max_pool_size = 47" in rec[0]["content"].splitlines()
-    assert len(smollm_engine.tokenize(rec[0]["content"], add_special=False)) <= 64
+    assert len(smollm_engine.tokenize(rec[0]["content"], add_special=False)) <= s.recall_tokens
     text = s.render(add_generation_prompt=True)
     assert text.index(QUESTION) > text.index("max_pool_size = 47")   # the question is read last
     assert text.rstrip().endswith("<|im_start|>assistant")   # the reply comes next

@@ -105,3 +105,4 @@ def test_a_context_shift_in_a_summarizing_mode_summarizes_instead_of_dropping(tm
     assert n._compactor.drop(60, "truncation")
     assert "dropped" in [e.name for e in n.events[before:]]
     n.close()
+

@@ -22,7 +22,8 @@ _HEADING_RE = re.compile(r"^\s*(?:[#*>\-]+\s*)*\**\s*(" + "|".join(_HEADINGS) + 
                          re.IGNORECASE)
 # the labels of the deterministic fallback summary (summarizer.fallback_summary) end a section too
 _FALLBACK_RE = re.compile(r"^\s*(\(automatic summary|(last user request|summarized messages|tools called|first user "
-                          r"request|files mentioned|earlier summary|last assistant reply)\s*:)", re.IGNORECASE)
+                          r"request|files mentioned|earlier summary|last assistant reply)\s*[:\u2026])", re.IGNORECASE)
+# (a label cut short by the fallback's last-resort truncation ends in "…" rather than ":")
 _NONE_RE = re.compile(r"^[\s\-*•.]*(none|n/?a|nothing|-)?[\s.]*$", re.IGNORECASE)
 
 

@@ -1,18 +1,26 @@
-"""Recall: what a new message names that only the offloaded history holds is placed back before the reply.
+"""Recall: what a new message asks about, when the offloaded history answers it better than the live
+context does, is placed back before the reply.
 
 A model rarely calls ``search_history`` by itself: asked "What is max_pool_size in services/auth/config.toml?"
 long after that file's listing was compacted away, it answers from what it sees.  So the session looks
 first.  When a user message, or an agent's tool call (its arguments), names a thing — by its *syntax*: a
 path or dotted name (``services/auth/config.toml``), an identifier with an underscore, a digit or inner
 capitals (``max_pool_size``, ``ACC-1042``, ``build_77``, ``getUserById``), a number of three or more
-digits, a quoted string — that the offloaded messages hold and the live context does not show, the session
-runs the ``search_history`` ranking (``history_search.py``: BM25-idf over lines) for those names, then the
-other words of the messages that named them (so "How many replicas ... GATEWAY_RETRIES" also ranks the
-``replicas: 7`` line), and adds the best lines, within a small token budget, as one message before the
-model's reply::
+digits, a quoted string, a proper noun of several capitalised words (``Eastholm County Council``) — that
+the offloaded messages hold, the session ranks the lines of the offloaded history *and* of the live context
+with the ``search_history`` ranking (``history_search.py``: BM25-idf over lines, a tool result's lines also
+matched by their call's arguments) for those names and the other words of the messages that named them.
+Only lines about a name count (they match one of its terms).  The offloaded lines that rival the best live
+line (:data:`history_search.RIVAL` of its score) and that the live context does not already show are
+added, best first, within a small token budget, as one lookup before the model's reply::
 
     {"role": "tool", "name": "search_history", "recall": True,
      "content": "Recalled from the offloaded history (search_history found these lines for max_pool_size):\\n..."}
+
+Why compare with the live context rather than ask "is the name visible": the live context usually shows
+the name (a summary lists the call that read the file, a later page names the same place) but not the value
+next to it; a name being visible says nothing about whether the fact is.  Lines the user wrote do not set
+the bar: they are where a question comes from, not its answer (a summary quotes them verbatim).
 
 Why a ``tool`` message named ``search_history``: it is what the tool returns, so the model reads it as a
 lookup and not as something the user said (a summary keeps the user's messages verbatim, by role; a tool
@@ -21,13 +29,13 @@ and a cut never separates it from the message it follows (no cut lands before a 
 ``recall`` flag marks it for everything else (``results.py`` does not list it as a tool's output).
 
 What is never done: deciding by wording.  No list of words that "matter" — a plain word ("total",
-"config", "failed") is not a name, whatever it means; and a name the live context shows (in a message, a
-summary, an earlier recall or the tool schemas) needs no recall.  With nothing offloaded the scan is not
-even run; with no name missing from the live context nothing is added and no event is emitted.  An earlier
-call identical to the agent's new one (same tool, same arguments) and its results are no source: the new
-result supersedes them (as ``results.py`` lets a repeated call supersede its earlier outputs).  The recall
-waits while a tool call at the end of the context has no result yet (it never sits between a call and
-its results), and is skipped when the template cannot render it or the window has no room for it.
+"config", "failed") is not a name, whatever it means, and a message that names nothing recalls nothing.
+With nothing offloaded the scan is not even run; when the live context holds evidence clearly better than
+the offloaded lines, nothing is added and no event is emitted.  Not sources: an offloaded call that a
+later identical call repeated (same tool, same arguments) and its results — the newer result supersedes
+them (as ``results.py`` does).  The recall waits while a tool call at the end of the context has no result
+yet (it never sits between a call and its results), and is skipped when the template cannot render it or
+the window has no room for it.
 """
 from __future__ import annotations
 
@@ -40,8 +48,8 @@ from .messages import ContextWindowError, view_of
 
 FLAG = "recall"
 HEADER = "Recalled from the offloaded history (search_history found these lines for {names}):"
-MAX_TOKENS = 128          # the default budget: min(MAX_TOKENS, window // WINDOW_SHARE), at least MIN_TOKENS
-WINDOW_SHARE = 16
+MAX_TOKENS = 256          # the default budget: min(MAX_TOKENS, window // WINDOW_SHARE), at least MIN_TOKENS
+WINDOW_SHARE = 12
 MIN_TOKENS = 24
 MAX_NAMES = 8             # names recalled at once (the first ones named)
 MAX_CANDIDATES = 32       # names checked against the context per call (a pasted log names hundreds)
@@ -54,6 +62,9 @@ NAME_SHOWN = 48           # characters of a name quoted in the header
 _QUOTED = re.compile(r'"([^"\n]{3,80})"(?!\s*:)|\u201c([^\u201d\n]{3,80})\u201d|`([^`\n]{2,80})`'
                      r"|(?<!\w)'([^'\n]{3,80})'(?!\w)")
 _WORD = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,])|(?<![\w.])/?\w(?:[\w.\-/:@]*\w)?")
+# A proper noun of several words ("Eastholm County Council", "Dr Alice Trevelyan's"): capitalised words in a
+# row (a possessive 's is not part of the name).
+_PROPER = re.compile(r"(?<![\w.])[A-Z][a-z]+(?:[ \t]+[A-Z][a-z]+)+(?![\w])")
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _DIGITS = re.compile(r"\d")
 _SEPARATORS = str.maketrans("", "", ".,:-")
@@ -93,6 +104,12 @@ def names_in(text: str) -> List[str]:
         q = " ".join(next((g for g in m.groups() if g), "").split())
         if len(q) >= 3 and history_search.terms(q):
             out.append(q)
+    for m in _PROPER.finditer(text):
+        words = m.group(0).split()
+        while words and words[0].lower() in history_search.STOP_WORDS:   # "The", "What": not the name
+            words.pop(0)
+        if len(words) >= 2:
+            out.append(" ".join(words))
     for m in _WORD.finditer(text):
         w = m.group(0).rstrip(".:-/@")
         if is_name(w):
@@ -171,9 +188,12 @@ def open_calls(messages: Sequence[dict]) -> bool:
             pending.clear()   # calls nobody answered before the user spoke again are abandoned
         for c in m.get("tool_calls") or []:
             pending.append(c.get("id"))
-        if m.get("role") == "tool" and pending and not m.get(FLAG):
+        if m.get("role") == "tool" and pending:
             tid = m.get("tool_call_id")
-            pending.remove(tid if tid in pending else pending[0])
+            if tid in pending:
+                pending.remove(tid)
+            elif not m.get(FLAG):   # a result without a known id answers the oldest call; a recall never does
+                pending.pop(0)
     return bool(pending)
 
 
@@ -233,15 +253,16 @@ class Recall:
             return None   # after the results (the next call), not between a call and its results
         names, naming, texts, repeats = self.names, self.naming, self.texts, self.repeats
         self.clear()
-        missing, pairs = self._missing(names, naming, entries, repeats)
-        if not missing:
+        named, pairs, live = self._sources(names, naming, entries, repeats)
+        if not named:
             return None
-        msg, shown, tokens = self._message(missing, texts, pairs)
-        while msg is None and len(missing) > 1:   # a small budget: fewer names (the first ones named)
-            missing = missing[:len(missing) // 2]
-            msg, shown, tokens = self._message(missing, texts, pairs)
+        msg, shown, tokens = self._message(named, texts, pairs, live)
+        while msg is None and len(named) > 1:   # a small budget: fewer names (the first ones named)
+            named = named[:len(named) // 2]
+            msg, shown, tokens = self._message(named, texts, pairs, live)
         if msg is None:
             return None
+        missing = named
         # a well-formed lookup: the search_history call, then its result (a tool result with no call before
         # it is read as something to continue: Qwen2.5-Coder-1.5B answered two questions by repeating it)
         call_id = f"recall_{len(self.ledger.transcript)}"
@@ -276,33 +297,31 @@ class Recall:
             self._off_key = key
         return self._off_pairs, self._off_text
 
-    def _missing(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset()
-                 ) -> Tuple[List[str], list]:
-        """The names the offloaded history holds and the live context (but the messages that named them)
-        does not show, each as a whole token (``max_pool`` is not ``max_pool_size``), case-insensitive;
-        at most :data:`MAX_NAMES`; and the offloaded ``(index, message)`` pairs searched.  Not sources: a
-        message that named them (offloaded since), and an earlier call identical to one they made (same
-        tool, same arguments) with its results — a repeated call's new result supersedes them."""
+    def _sources(self, names: Sequence[str], naming: Set[int], entries, repeats: Set[str] = frozenset()
+                 ) -> Tuple[List[str], list, List[dict]]:
+        """``(names, pairs, live)``: the names the offloaded history holds (each as a whole token,
+        case-insensitive; those the live context does not show first; at most :data:`MAX_NAMES`), the
+        offloaded ``(index, message)`` pairs to search, and the live messages they compete with (the tool
+        schemas among them).  Not sources: a message that named them (offloaded since), and an earlier call
+        identical to one they made (same tool, same arguments) with its results — a repeated call's new
+        result supersedes them.  Not live: the messages that named them (they ask; they do not answer)."""
         pairs, off_text = self._offloaded()
-        stale = _repeated(pairs, repeats) if repeats else set()
+        stale = _superseded(self.ledger.transcript, pairs) | (_repeated(pairs, repeats) if repeats else set())
         if stale or any(id(m) in naming for _, m in pairs):
             pairs = [(i, m) for i, m in pairs if id(m) not in naming and id(m) not in stale]
             off_text = "\n".join(_text(m) for _, m in pairs)
         if not pairs:
-            return [], pairs
-        live = "\n".join(_text(e.msg) for e in entries if id(e.msg) not in naming)
+            return [], pairs, []
+        live = [e.msg for e in entries if id(e.msg) not in naming]
         if self.ctx.tools:
-            live += "\n" + json.dumps(self.ctx.tools, ensure_ascii=False)
-        out = []
-        for n in names:
-            pat = _visible_pattern(n)
-            if not pat.search(live) and pat.search(off_text):
-                out.append(n)
-                if len(out) >= MAX_NAMES:
-                    break
-        return out, pairs
+            live.append({"role": "system", "content": json.dumps(self.ctx.tools, ensure_ascii=False)})
+        live_text = "\n".join(_text(m) for m in live)
+        held = [n for n in names if _visible_pattern(n).search(off_text)]
+        unseen = [n for n in held if not _visible_pattern(n).search(live_text)]
+        return (unseen + [n for n in held if n not in unseen])[:MAX_NAMES], pairs, live
 
-    def _message(self, missing: List[str], texts: Sequence[str], pairs) -> Tuple[Optional[dict], int, int]:
+    def _message(self, missing: List[str], texts: Sequence[str], pairs, live: Sequence[dict] = ()
+                 ) -> Tuple[Optional[dict], int, int]:
         """The recall message for ``missing`` within the budget: ``(message, lines shown, tokens)``.  The
         search is the one ``search_history`` runs for a query of the missing names first, then the other
         words of the messages that named them, newest first (the search keeps the first
@@ -318,7 +337,8 @@ class Recall:
             room = budget
             if room <= count(intro):
                 return None, 0, 0
-            text, shown = history_search.search_result(pairs, query, budget=room, count=count)
+            text, shown = history_search.search_result(pairs, query, budget=room, count=count,
+                                                       context=live, anchors=missing)
             if not shown:
                 return None, 0, 0
             lines = text.split("\n")[1:]   # the result's intro names the query: the header says it better
@@ -352,17 +372,39 @@ def _signature(call) -> str:
         return repr([f.get("name"), args])
 
 
-def _repeated(pairs, repeats: Set[str]) -> Set[int]:
-    """id() of the offloaded assistant messages whose calls are all among ``repeats``, and of their results."""
+def _repeated(pairs, repeats: Set[str], only: Optional[Set[int]] = None) -> Set[int]:
+    """id() of the offloaded assistant messages whose calls are all among ``repeats`` (and, given ``only``,
+    among those messages), and of their results."""
     out, ids = set(), set()
     for _, m in pairs:
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if only is not None and id(m) not in only:
+            calls = None
         if calls and isinstance(calls, list) and all(_signature(c) in repeats for c in calls):
             out.add(id(m))
             ids.update(c.get("id") for c in calls if isinstance(c, dict) and c.get("id"))
         elif m.get("role") == "tool" and m.get("tool_call_id") in ids:
             out.add(id(m))
     return out
+
+
+def _superseded(transcript: Sequence[dict], pairs) -> Set[int]:
+    """id() of the offloaded calls that a later identical call (same tool, same arguments) repeated, and of
+    their results: the file was read again, the newer output is the one that holds (as in ``results.py``)."""
+    later: Set[str] = set()
+    repeated: List[dict] = []
+    for m in reversed(transcript):
+        calls = m.get("tool_calls") if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if not calls or not isinstance(calls, list) or m.get(FLAG):
+            continue
+        sigs = [_signature(c) for c in calls]
+        if all(sig in later for sig in sigs):
+            repeated.append(m)
+        later.update(sigs)
+    if not repeated:
+        return set()
+    return _repeated([(i, m) for i, m in pairs], {_signature(c) for m in repeated for c in m["tool_calls"]},
+                     only={id(m) for m in repeated})
 
 
 def _header(names: Sequence[str], count: Callable[[str], int], most: int) -> str:

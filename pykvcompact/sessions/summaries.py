@@ -9,8 +9,8 @@ from typing import Dict, List, Optional
 from .. import events as ev
 from ..chat_template import common_prefix_len
 from ..policy import summary_budget
-from ..summarizer import (FIRST_HEADING, SUMMARY_HEADER, fallback_summary, looks_like_tool_call,
-                          summarizer_request, without_repeated_requests)
+from ..summarizer import (FIRST_HEADING, FIRST_REQUEST, LAST_REQUEST, SUMMARY_HEADER, fallback_summary,
+                          looks_like_tool_call, summarizer_request, without_repeated_requests)
 from .context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
                      message_text, plan_kept, split_standing, trim_lines, trim_standing)
@@ -46,6 +46,7 @@ class Plan:
     standing: list    # the earlier summaries' standing instructions (carried with priority)
     results: list     # key results: the earlier summaries' list, then the span's own (results.py)
     left_out: int = 0  # results the earlier summaries left out for space (the next one still says so)
+    prior: list = dataclasses.field(default_factory=list)   # the lines the earlier summaries listed
 
 
 class SummaryMaker:
@@ -128,7 +129,8 @@ class SummaryMaker:
             kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
         found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
         carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
-        return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out)
+        return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
+                    list(results))
 
     def results_share(self, results: List[str]) -> int:
         """Tokens of the summary text budget the copied lines take from the model's summary (at most a
@@ -310,14 +312,24 @@ class SummaryMaker:
         # what the text budget and the kept messages leave, in order: the standing instructions, the
         # assistant's own statements, the earlier summaries' text (what the model wrote, within the text
         # budget only), then the tools' outputs (copied lines: results.py).  The copied lines take at most a
-        # quarter of what the span held, so a short span still gains.
-        old_standing = trim_standing(old_standing, carry + extra, count)
-        used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
+        # quarter of what the span held, so a short span still gains, unless the earlier summaries listed
+        # more: those lines are in the span already.
         p_tok, m_tok = self.ctx.span(mark)[:2]
         cap = max(0, (m_tok - p_tok) // 4)
+        if level == 0 and plan.prior:
+            cap = max(cap, count(res.section(plan.prior)))
         statements = [x for x in plan.results if res.tier_of(x) == 1]
-        said, _ = res.fit(statements, min(share + max(0, carry + extra - used), cap), count)
+        old_standing = trim_standing(old_standing, carry + extra, count)
+        used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
+        room = share + max(0, carry + extra - used)
+        # what a summary built without the model says besides the user's words (the files mentioned, the
+        # next step) is worth less than what the assistant itself stated: the statements may take its room
+        spare_lines = [ln for ln in rest.split("\n") if ln.strip() and not _users_words(ln)] if summary.fallback else []
+        bonus = count("\n".join(spare_lines)) if spare_lines else 0
+        said, _ = res.fit(statements, min(room + bonus, cap), count)
         said_cost = count(res.section(said)) if said else 0
+        if bonus and said_cost > room:
+            rest = _give_up(rest, said_cost - room, count)
         used += max(0, said_cost - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
         used += count(carried) if carried else 0
@@ -337,8 +349,9 @@ class SummaryMaker:
             rep = self._rendered(mark, msg)
             if limit is None or len(rep.tokens) <= limit or not (results or dropped):
                 break
-            if results:   # a long header (the history path): fewer results
-                results, dropped = results[1:], dropped + 1
+            if results:   # a long header (the history path): fewer results, the last tier first
+                drop = min(range(len(results)), key=lambda i: (-res.tier_of(results[i]), i))
+                results, dropped = results[:drop] + results[drop + 1:], dropped + 1
             else:         # not even the note that some were left out
                 dropped = 0
         # what the next summary carries forward: the model's text (a fallback's counts of messages describe a
@@ -386,6 +399,23 @@ class SummaryMaker:
     def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
         return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts,
                                text=summary.text)
+
+
+def _users_words(line: str) -> bool:
+    """A fallback summary's line that carries the user's words (a request), or says it is automatic."""
+    return line.startswith((LAST_REQUEST, FIRST_REQUEST, "(Automatic summary"))
+
+
+def _give_up(text: str, tokens: int, count) -> str:
+    """``text`` less at least ``tokens`` tokens of its lines that are not the user's words, the last first."""
+    lines = text.split("\n")
+    goal = count(text) - tokens
+    for i in range(len(lines) - 1, -1, -1):
+        if count("\n".join(lines)) <= goal:
+            break
+        if not _users_words(lines[i]):
+            lines.pop(i)
+    return "\n".join(lines)
 
 
 def trim_lines_end(text: str, budget: int, count) -> str:
