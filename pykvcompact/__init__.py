@@ -28,6 +28,6 @@ __all__ = [
 # The policy layer (sessions, compaction): a failure to import it is a real error, never hidden.
 from . import events  # noqa: E402,F401
 from .policy import Policy  # noqa: E402,F401
-from .session import Session  # noqa: E402,F401
+from .session import CHUNK_DONE, Session  # noqa: E402,F401
 
-__all__ += ["Session", "Policy", "events"]
+__all__ += ["Session", "Policy", "events", "CHUNK_DONE"]

@@ -133,27 +133,27 @@ class Engine:
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self._live().tokenize(text, bool(add_special), bool(parse_special))
+        return self.native().tokenize(text, bool(add_special), bool(parse_special))
 
     def detokenize(self, tokens: Iterable[int], *, special: bool = True) -> str:
-        return self._live().detokenize(_token_list(tokens), bool(special)).decode("utf-8", errors="replace")
+        return self.native().detokenize(_token_list(tokens), bool(special)).decode("utf-8", errors="replace")
 
     def token_to_piece(self, token: int, *, special: bool = True) -> str:
-        return self._live().token_to_piece(int(token), bool(special)).decode("utf-8", errors="replace")
+        return self.native().token_to_piece(int(token), bool(special)).decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int, *, special: bool = True) -> bytes:
-        return self._live().token_to_piece(int(token), bool(special))
+        return self.native().token_to_piece(int(token), bool(special))
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._live().is_eog(int(token)))
+        return bool(self.native().is_eog(int(token)))
 
     @property
     def token_bos(self) -> int:
-        return int(self._live().token_bos())
+        return int(self.native().token_bos())
 
     @property
     def token_eos(self) -> int:
-        return int(self._live().token_eos())
+        return int(self.native().token_eos())
 
     @property
     def n_vocab(self) -> int:
@@ -169,11 +169,11 @@ class Engine:
 
     @property
     def chat_template(self) -> str | None:
-        return self._live().chat_template()
+        return self.native().chat_template()
 
     @property
     def metadata(self) -> dict[str, str]:
-        live = self._live()
+        live = self.native()
         if self._metadata is None:
             self._metadata = dict(live.metadata())
         return self._metadata
@@ -189,7 +189,7 @@ class Engine:
         """What a saved sequence state must match to load here (``load_sequence``): ``model`` (a key of
         the file's size, GGUF metadata and vocabulary), ``n_ctx``, and the ``pykvcompact`` and
         ``llama_cpp`` versions; ``model_file`` and ``n_vocab`` are informative."""
-        self._live()
+        self.native()
         if self._fingerprint is None:
             self._fingerprint = _state.engine_fingerprint(self)
         return dict(self._fingerprint)
@@ -200,7 +200,7 @@ class Engine:
         blob and ``StateMismatchError`` (a ValueError, naming what differs) for one saved by another
         model, n_ctx or library version: prefill its tokens again then. Also ``ContextFullError`` or
         ``SlotsExhaustedError`` when it does not fit; a failed load leaves nothing behind."""
-        live = self._live()
+        live = self.native()
         saved = _state.unpack(blob, self.fingerprint)
         return Sequence(self, live.seq_import(saved.tokens, saved.evaluated, saved.logits, saved.state))
 
@@ -208,7 +208,7 @@ class Engine:
     def stats(self) -> dict:
         """Counters since the engine started: decode calls, batch rows by kind, batches that mixed
         foreground and background rows, decode milliseconds, tokens per live sequence."""
-        raw = self._live().stats()
+        raw = self.native().stats()
         return {
             "decode_calls": int(raw["decode_calls"]),
             "failed_decodes": int(raw["failed_decodes"]),
@@ -225,19 +225,19 @@ class Engine:
             "internal_sequences": int(raw["internal_sequences"]),
             "pending_tasks": int(raw["pending_tasks"]),
             "committing": int(raw["committing"]),
-            "tokens_per_sequence": {int(k): int(v) for k, v in self._live().tokens_per_sequence().items()},
+            "tokens_per_sequence": {int(k): int(v) for k, v in self.native().tokens_per_sequence().items()},
         }
 
     def used_cells(self) -> int:
         """KV cells held by live sequences (a cell shared by forks counts once)."""
-        return int(self._live().used_cells())
+        return int(self.native().used_cells())
 
     def free_cells(self) -> int:
         return self.n_ctx - self.used_cells()
 
     def sequence(self, tokens: Iterable[int] = ()) -> "Sequence":
         toks = _token_list(tokens)
-        seq = Sequence(self, self._live().seq_create())
+        seq = Sequence(self, self.native().seq_create())
         if toks:
             try:
                 seq.append(toks)
@@ -266,7 +266,8 @@ class Engine:
     def __repr__(self) -> str:
         return f"Engine(model={self.model_name!r}, n_ctx={self.n_ctx}, n_seq_max={self.n_seq_max}, n_threads={self.n_threads})"
 
-    def _live(self):
+    def native(self):
+        """The native engine (raises EngineClosedError once this Engine is closed)."""
         if self._closed:
             raise EngineClosedError("the engine is closed; create a new Engine")
         return self._n
@@ -482,7 +483,7 @@ class Sequence:
         if rb.sequence is not self:
             raise ValueError("this rebase was prepared for another sequence")
         info = self._n().commit_rebase(self._h, rb.id)
-        rb._committed = True
+        rb.mark_committed()
         return {"mode": rb.mode, "tokens_before": int(info["tokens_before"]), "tokens_after": int(info["tokens_after"]),
                 "stall_ms": float(info["stall_ms"]), "catch_up_tokens": int(info["catch_up_tokens"])}
 
@@ -518,4 +519,4 @@ class Sequence:
     def _n(self):
         if self._closed:
             raise SequenceClosedError(f"sequence {self._h} is closed")
-        return self.engine._live()
+        return self.engine.native()

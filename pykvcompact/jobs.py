@@ -118,6 +118,10 @@ class Rebase:
         self.mode = mode
         self._committed = False
 
+    def mark_committed(self) -> None:
+        """The engine committed it (Engine.commit_rebase): closing it no longer cancels anything."""
+        self._committed = True
+
     def done(self) -> bool:
         return bool(self._j.ready()) or bool(self._j.done())
 
@@ -140,7 +144,7 @@ class Rebase:
     def cancel(self) -> None:
         """Drop the preparation and free its slot and cells (not once its commit has begun)."""
         if not self._j.done() and not self.sequence.closed and not self.sequence.engine.closed:
-            self.sequence.engine._live().cancel_rebase(self.id)
+            self.sequence.engine.native().cancel_rebase(self.id)
 
     def __del__(self):
         # A dropped preparation gives its slot and cells back (never raise from a finalizer).
@@ -164,7 +168,7 @@ class Rebase:
 
     @property
     def target_len(self) -> int:
-        return int(self.sequence.engine._live().rebase_target_len(self.id))
+        return int(self.sequence.engine.native().rebase_target_len(self.id))
 
     def __repr__(self) -> str:
         return f"Rebase(mode={self.mode!r}, keep_prefix={self.keep_prefix}, keep_from={self.keep_from}, replacement={len(self.replacement)} tokens, ready={self.done()})"

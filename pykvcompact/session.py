@@ -48,6 +48,7 @@ from .sessions.prober import LABELS, Prober
 from .sessions.room import Room
 from .sessions.sizing import check_base, release, reserve, session_cells
 from .sessions.summaries import SummaryMaker
+from .sessions.turn import CHUNK_DONE
 from .summarizer import Summarizer
 
 SESSION_TOOLS = (compaction_tool.NAME, history_search.NAME)  # the tools the session runs itself
@@ -209,6 +210,20 @@ class Session(CallLoop):
         """Like :meth:`chat`, yielding text deltas (``str``) and compaction events as they happen. The final
         chat-completion dict is in :attr:`last_response` afterwards."""
         return self._run(messages, max_tokens, tools, sampling, streaming=True)
+
+    def steps(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> Iterator[object]:
+        """:meth:`chat` as a generator its caller can stop: it yields each compaction event as it happens
+        and :data:`CHUNK_DONE` after each generated chunk of the reply (chunks as ``chat`` generates them,
+        no text deltas).  Closing it ends the reply there, as closing a :meth:`stream` does (what was
+        generated stays); when it runs to the end the chat-completion dict is in :attr:`last_response`.
+        A server uses it to stop a plain reply whose client went away."""
+        return self._run(messages, max_tokens, tools, sampling, streaming=False)
+
+    @property
+    def tools_in_effect(self) -> List[dict]:
+        """The tool schemas the context renders now: the caller's and the session's own
+        (``compact_conversation``, ``search_history``), a copy."""
+        return copy.deepcopy(self._cur_tools or [])
 
     def compact(self, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
         """Compact now (``/compact``); ``instructions`` focus the summary. Returns the ``rebased`` event, or

@@ -336,7 +336,8 @@ def test_a_tool_call_naming_an_offloaded_thing_recalls_after_its_result(tmp_path
 
 def test_a_repeated_call_does_not_recall_its_own_earlier_output(tmp_path):
     """The agent reads the same file again: its earlier call and output are superseded by the new result,
-    not recalled; a different call naming the same path still recalls them.  (Mode "none": its drops
+    not recalled; after a different call naming the same path, a question about it still recalls them.
+    (Mode "none": its drops
     leave no summary that would show the path.)"""
     _, s, _ = make(tmp_path, mode="none", window=2048)
     s.add([{"role": "user", "content": "Check the deploy env."},
@@ -361,9 +362,13 @@ def test_a_repeated_call_does_not_recall_its_own_earlier_output(tmp_path):
     s.add([{"role": "assistant", "content": None,
             "tool_calls": [call("d3", "tail_log", service="deploy/build_91.env")]},
            {"role": "tool", "tool_call_id": "d3", "name": "tail_log", "content": "no log for a file"}])
-    assert [e.names for e in recalled_events(s)] == [["deploy/build_91.env"]]
-    # the search ranks lines: the earlier call's line names the path (its output's lines do not)
-    assert 'read_file({"path": "deploy/build_91.env"})' in recalls(s)[-1]["content"].splitlines()
+    # the new call's own result is as much about the path as the earlier read's lines: nothing yet
+    assert not recalled_events(s)
+    s.add([{"role": "user", "content": "What did deploy/build_91.env set TOKEN_TTL to?"}])
+    assert [e.names for e in recalled_events(s)] == [["TOKEN_TTL", "deploy/build_91.env"]]
+    # the earlier read's output line (its call names the path), never the agent's call line itself
+    assert "TOKEN_TTL=900" in recalls(s)[-1]["content"].splitlines()
+    assert "read_file(" not in recalls(s)[-1]["content"]
     s.close()
 
 

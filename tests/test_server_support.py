@@ -38,3 +38,25 @@ def converse(c: openai.OpenAI, questions: List[str], *, session: str, max_tokens
         out.append(r.choices[0].message.content)
         msgs.append({"role": "assistant", "content": out[-1]})
     return out
+
+
+def test_the_session_steps_and_tools_in_effect_are_public(tmp_path):
+    """What the server needs of a Session is public: a plain reply that can be stopped after any chunk
+    (``steps``, yielding ``CHUNK_DONE``) and the tools the context renders (``tools_in_effect``)."""
+    import pykvcompact as pk
+    from fake_engine import FakeEngine
+
+    s = pk.Session(FakeEngine(n_ctx=4096), system="s", history_dir=tmp_path,
+                   policy=pk.Policy(mode="hard", window=2048, compact_tool=True))
+    names = [t["function"]["name"] for t in s.tools_in_effect]
+    assert "compact_conversation" in names
+    s.tools_in_effect.clear()                      # a copy: the session's own list is untouched
+    assert s.tools_in_effect
+    items = list(s.steps("Hello there", max_tokens=8))
+    assert pk.CHUNK_DONE in items and s.last_response["choices"][0]["message"]["role"] == "assistant"
+    n = len(s.transcript)
+    it = s.steps("Again", max_tokens=64)
+    next(x for x in it if x is pk.CHUNK_DONE)      # the first chunk, then the caller stops
+    it.close()
+    assert len(s.transcript) == n + 2 and s.transcript[-1]["role"] == "assistant"
+    s.close()

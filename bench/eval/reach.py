@@ -52,8 +52,9 @@ def reply_prompt(prompts: Sequence[str], question: str) -> str:
     raise RuntimeError(f"no reply prompt holds the question {question[:60]!r}")
 
 
-def replay(real, ep: Episode, policy_name: str, settings: Settings) -> List[dict]:
-    """Per question: its place and whether the answer is in the context before it (case-insensitive)."""
+def replay(real, ep: Episode, policy_name: str, settings: Settings):
+    """``(per question: its place and whether the answer is in the context before it (case-insensitive),
+    {"recalls", "recalled_tokens", "steps"}: the recall's cost over the whole episode)``."""
     import pykvcompact as pk
 
     prompts: List[str] = []
@@ -73,28 +74,40 @@ def replay(real, ep: Episode, policy_name: str, settings: Settings) -> List[dict
                 s.chat(q.prompt, max_tokens=settings.answer_tokens)
                 before = reply_prompt(prompts, q.prompt).rsplit(q.prompt, 1)[0]
                 out.append({"place": q.place, "answer": q.answer, "reached": q.answer.lower() in before.lower()})
-            return out
+            # what the recall cost: a reached answer is worth less if every step recalled pages of noise
+            recalled = [e for e in s.events if e.name == "recalled"]
+            return out, {"recalls": len(recalled), "recalled_tokens": sum(e.tokens for e in recalled),
+                         "steps": len(ep.steps)}
         finally:
             s.close()
 
 
 def table(rows: List[dict]) -> Dict[str, Dict[str, List[int]]]:
-    """``{policy: {place: [reached, asked]}}`` with an ``all`` column."""
+    """``{policy: {place: [reached, asked]}}`` with an ``all`` column, and ``_cost``: [recalls, recalled
+    tokens, episodes]."""
     out: Dict[str, Dict[str, List[int]]] = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))
     for r in rows:
         for q in r["questions"]:
             for col in (q["place"], "all"):
                 out[r["policy"]][col][0] += q["reached"]
                 out[r["policy"]][col][1] += 1
+        cost = out[r["policy"]].setdefault("_cost", [0, 0, 0])   # recalls, their tokens, episodes
+        cost[0] += r.get("recalls", 0)
+        cost[1] += r.get("recalled_tokens", 0)
+        cost[2] += 1
     return {p: dict(v) for p, v in out.items()}
 
 
 def markdown(tab: Dict[str, Dict[str, List[int]]], families: Sequence[str]) -> str:
     cols = [p for p in PLACES if any(p in v for v in tab.values())] + ["all"]
+    cost = "recalls (tokens) per episode"
     lines = [f"families: {', '.join(families)} (tuned on: {', '.join(f for f in families if f in TUNED_ON) or 'none'})",
-             "", "| policy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+             "", "| policy | " + " | ".join(cols) + f" | {cost} |", "|---" * (len(cols) + 2) + "|"]
     for pol, v in tab.items():
-        lines.append(f"| {pol} | " + " | ".join(f"{v[c][0]}/{v[c][1]}" if c in v else "-" for c in cols) + " |")
+        rec = v.get("_cost")
+        spent = f"{rec[0] / rec[2]:.1f} ({rec[1] / rec[2]:.0f})" if rec and rec[2] else "-"
+        lines.append(f"| {pol} | " + " | ".join(f"{v[c][0]}/{v[c][1]}" if c in v else "-" for c in cols)
+                     + f" | {spent} |")
     return "\n".join(lines)
 
 
@@ -132,10 +145,10 @@ def main(argv=None) -> int:
                 ep = fit(FAMILIES[fam], seed, settings.window, real.tokenize, ratio=settings.ratio,
                          shape=(settings.sub_goals, settings.steps))
                 for pol in args.policies.split(","):
-                    qs = replay(real, ep, pol, settings)
-                    rows.append({"family": fam, "seed": seed, "policy": pol, "questions": qs})
-                    print(f"{fam:10} {seed} {pol:10} " + " ".join(f"{q['place']}:{int(q['reached'])}" for q in qs),
-                          flush=True)
+                    qs, cost = replay(real, ep, pol, settings)
+                    rows.append({"family": fam, "seed": seed, "policy": pol, "questions": qs, **cost})
+                    print(f"{fam:10} {seed} {pol:10} " + " ".join(f"{q['place']}:{int(q['reached'])}" for q in qs)
+                          + f"  recalls {cost['recalls']} ({cost['recalled_tokens']} tokens)", flush=True)
     finally:
         real.close()
     tab = table(rows)

@@ -137,7 +137,7 @@ class RemoteEngine:
         return int(getattr(self.tokenizer, "token_eos", -1))
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> List[int]:
-        self._live()
+        self.check_open()
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         key = (text, bool(add_special), bool(parse_special))
@@ -156,7 +156,7 @@ class RemoteEngine:
         return list(toks)
 
     def detokenize(self, tokens: Iterable[int]) -> str:
-        self._live()
+        self.check_open()
         toks = [int(t) for t in tokens]
         return self.tokenizer.detokenize(toks) if toks else ""
 
@@ -174,14 +174,15 @@ class RemoteEngine:
 
     # ------------------------------------------------------------------ sequences
     def sequence(self, tokens: Iterable[int] = ()) -> RemoteSequence:
-        self._live()
+        self.check_open()
         return RemoteSequence(self, tokens)
 
-    def _register(self, seq: RemoteSequence) -> None:
+    def register(self, seq: RemoteSequence) -> None:
+        """A new sequence of this engine (RemoteSequence calls it)."""
         with self._lock:
             self._seqs[seq.id] = seq
 
-    def _unregister(self, seq: RemoteSequence) -> None:
+    def unregister(self, seq: RemoteSequence) -> None:
         with self._lock:
             self._seqs.pop(seq.id, None)
 
@@ -248,7 +249,8 @@ class RemoteEngine:
         return out
 
     # ------------------------------------------------------------------ lifetime
-    def _live(self) -> None:
+    def check_open(self) -> None:
+        """Raises EngineClosedError once this engine is closed."""
         if self._closed:
             raise errors.EngineClosedError("the remote engine is closed; create a new RemoteEngine")
 

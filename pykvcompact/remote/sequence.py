@@ -51,7 +51,7 @@ class RemoteSequence:
         self._lock = threading.Lock()
         self.last_probe: Dict = {}
         self.last_stall: Dict = {}
-        engine._register(self)
+        engine.register(self)
         toks = _token_list(tokens)
         if toks:
             self.append(toks)
@@ -72,7 +72,7 @@ class RemoteSequence:
     def _live(self) -> None:
         if self.closed:
             raise errors.SequenceClosedError(f"sequence {self.id} is closed")
-        self.engine._live()
+        self.engine.check_open()
 
     def _idle(self) -> None:
         """Foreground changes wait for no one: a background generation still writing here is an error."""
@@ -282,7 +282,7 @@ class RemoteSequence:
         for j in self._bg:
             if not j.done():
                 j.cancel()
-        self.engine._unregister(self)
+        self.engine.unregister(self)
 
     def __enter__(self):
         return self

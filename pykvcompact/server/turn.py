@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Iterator, List, Optional, Union
 
-from ..sessions.turn import CHUNK_DONE
+from ..session import CHUNK_DONE
 from .conversation import Conversation
 from .errors import APIError, bad_request, from_exception
 from .messages import is_prefix, keys_of, to_session_message
@@ -133,7 +133,7 @@ class Turn:
         finished = False
         try:
             new = self._new_messages()
-            self.own_tools = bool(getattr(self.conv.session, "_cur_tools", None))
+            self.own_tools = bool(self.conv.session.tools_in_effect)
             self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self._plain_items(new)
@@ -155,20 +155,12 @@ class Turn:
             self.release()
 
     def _plain_items(self, new: List[dict]):
-        """The session's items for a plain reply, generated as ``Session.chat`` does (whole chunks, not token
-        by token: streamed generation under concurrency does not reproduce the solo tokens on the float
-        model) but as a generator, so that the reply can be stopped after any chunk (it yields
-        ``CHUNK_DONE`` there) or event. ``Session`` has no public form of this (``chat`` runs to the end),
-        hence its ``_run``; without it, ``chat`` (not stoppable)."""
-        s = self.conv.session
+        """The session's items for a plain reply (``Session.steps``): generated as ``Session.chat`` does
+        (whole chunks, not token by token: streamed generation under concurrency does not reproduce the
+        solo tokens on the float model), so that the reply can be stopped after any chunk (``CHUNK_DONE``)
+        or event."""
         kw = self._kwargs()
-        run = getattr(s, "_run", None)
-        if run is None:
-            def whole():
-                s.chat(new, **kw)
-                yield from ()
-            return whole()
-        return run(new, kw.pop("max_tokens"), kw.pop("tools"), kw, streaming=False)
+        return self.conv.session.steps(new, **kw)
 
     def _abandon(self) -> None:
         """The client's view of the conversation is unknown (cut, cancelled, failed): forget it and
@@ -192,7 +184,7 @@ class Turn:
         self.checkout()
         try:
             new = self._new_messages()
-            self.own_tools = bool(getattr(self.conv.session, "_cur_tools", None))
+            self.own_tools = bool(self.conv.session.tools_in_effect)
             self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
             it = self.conv.session.stream(new, **self._kwargs())

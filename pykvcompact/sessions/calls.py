@@ -13,7 +13,7 @@ from typing import List
 
 from .. import compaction_tool, events as ev, history_search
 from .messages import check_sampling, check_tool_results, completion, normalize_messages
-from .turn import Turn
+from .turn import Turn, TurnParts
 
 
 class CallLoop:
@@ -111,6 +111,11 @@ class CallLoop:
         self._compactor.meter.turn(tokens, now - self._turn_end)
         self._turn_end = now
 
+    def _turn_parts(self) -> TurnParts:
+        return TurnParts(ctx=self._ctx, compactor=self._compactor, prober=self._prober, ledger=self._ledger,
+                         window=self.window, chunk_tokens=self.policy.chunk_tokens, make_room=self._make_room,
+                         drain=self._drain, probe_if_due=self._probe_if_due, append=self._append)
+
     def _run_call(self, messages, max_tokens, tools, sampling, streaming):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
@@ -132,7 +137,7 @@ class CallLoop:
         others: list = []
         searched = False
         for loops in range(4):
-            msg, finish, ntok = yield from Turn(self, max_tokens, sampling, stop, streaming,
+            msg, finish, ntok = yield from Turn(self._turn_parts(), max_tokens, sampling, stop, streaming,
                                                 keep_call_raw=searched).run()
             completion_tokens += ntok
             calls = msg.get("tool_calls") or []

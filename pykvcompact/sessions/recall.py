@@ -10,9 +10,10 @@ digits, a quoted string, a proper noun of several capitalised words (``Eastholm 
 the offloaded messages hold, the session ranks the lines of the offloaded history *and* of the live context
 with the ``search_history`` ranking (``history_search.py``: BM25-idf over lines, a tool result's lines also
 matched by their call's arguments) for those names and the other words of the messages that named them.
-Only lines about a name count (they match one of its terms).  The offloaded lines that rival the best live
-line (:data:`history_search.RIVAL` of its score) and that the live context does not already show are
-added, best first, within a small token budget, as one lookup before the model's reply::
+Only lines about a name count (they match one of its terms), and never the agent's own call lines (what
+it asked for, not what it learned).  The offloaded lines that rank above the best live line and that the
+live context does not already show (as a line, in a summary's listing, as an excerpt) are added, best
+first, within a small token budget, as one lookup before the model's reply::
 
     {"role": "tool", "name": "search_history", "recall": True,
      "content": "Recalled from the offloaded history (search_history found these lines for max_pool_size):\\n..."}
@@ -50,7 +51,7 @@ FLAG = "recall"
 HEADER = "Recalled from the offloaded history (search_history found these lines for {names}):"
 MAX_TOKENS = 256          # the default budget: min(MAX_TOKENS, window // WINDOW_SHARE), at least MIN_TOKENS
 WINDOW_SHARE = 12
-MIN_TOKENS = 24
+MIN_TOKENS = 48           # the header and one short line
 MAX_NAMES = 8             # names recalled at once (the first ones named)
 MAX_CANDIDATES = 32       # names checked against the context per call (a pasted log names hundreds)
 SCAN_HEAD = 8000          # characters of a message scanned: its head and its tail (a question after a paste)
@@ -64,7 +65,7 @@ _QUOTED = re.compile(r'"([^"\n]{3,80})"(?!\s*:)|\u201c([^\u201d\n]{3,80})\u201d|
 _WORD = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w,])|(?<![\w.])/?\w(?:[\w.\-/:@]*\w)?")
 # A proper noun of several words ("Eastholm County Council", "Dr Alice Trevelyan's"): capitalised words in a
 # row (a possessive 's is not part of the name).
-_PROPER = re.compile(r"(?<![\w.])[A-Z][a-z]+(?:[ \t]+[A-Z][a-z]+)+(?![\w])")
+_WORDS = re.compile(r"[^\W\d_][\w'\u2019\-]*")
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _DIGITS = re.compile(r"\d")
 _SEPARATORS = str.maketrans("", "", ".,:-")
@@ -93,6 +94,35 @@ def is_name(word: str) -> bool:
     return False
 
 
+def proper_nouns(text: str) -> List[str]:
+    """Runs of two or more capitalised words separated by single spaces or tabs ("Eastholm County Council",
+    "Société Générale", "O'Brien Consulting"), without a leading function word ("The", "What"); a possessive
+    's is not part of the name."""
+    out: List[str] = []
+    run: List[str] = []
+    end = -1
+
+    def flush():
+        while run and run[0].lower() in history_search.STOP_WORDS:
+            run.pop(0)
+        if len(run) >= 2:
+            out.append(" ".join(run))
+        run.clear()
+
+    for m in _WORDS.finditer(text):
+        word = re.sub(r"['\u2019]s$", "", m.group(0))
+        capital = word[:1].isupper() and any(c.islower() for c in word[1:])
+        if not capital or (run and text[end:m.start()] not in (" ", "\t")):
+            flush()
+        if capital:
+            run.append(word)
+            end = m.end()
+            if word != m.group(0):   # "Trust's": the name ends here
+                flush()
+    flush()
+    return out
+
+
 def names_in(text: str) -> List[str]:
     """The names ``text`` gives, in order, without repeats (case-insensitive): quoted strings, then the
     identifier-like words (outside the quotes as well as inside them)."""
@@ -104,12 +134,7 @@ def names_in(text: str) -> List[str]:
         q = " ".join(next((g for g in m.groups() if g), "").split())
         if len(q) >= 3 and history_search.terms(q):
             out.append(q)
-    for m in _PROPER.finditer(text):
-        words = m.group(0).split()
-        while words and words[0].lower() in history_search.STOP_WORDS:   # "The", "What": not the name
-            words.pop(0)
-        if len(words) >= 2:
-            out.append(" ".join(words))
+    out += proper_nouns(text)
     for m in _WORD.finditer(text):
         w = m.group(0).rstrip(".:-/@")
         if is_name(w):
@@ -212,6 +237,11 @@ class Recall:
         self._off_key: Optional[Tuple[int, int]] = None
         self._off_text = ""
         self._off_pairs: List[Tuple[int, dict]] = []
+        self._off_lower = ""
+        self._off_lines: list = []          # history_search.corpus of the offloaded pairs
+        self.lines: list = []               # ... of those the current recall searches (_sources)
+        self._stale_key: Optional[Tuple[int, int]] = None
+        self._stale: Set[int] = set()
 
     # ------------------------------------------------------------------ collecting
     def note(self, msgs: Iterable[dict], skip_calls: Callable[[dict], bool] = lambda c: False) -> None:
@@ -229,9 +259,10 @@ class Recall:
                 self.naming.add(id(m))
                 self.texts.append(_clip(text))
                 self.repeats.update(_signature(c) for c in (m.get("tool_calls") or []) if not skip_calls(c))
-                have = {n.lower() for n in self.names}
-                self.names.extend(n for n in found if n.lower() not in have)
-        del self.names[MAX_CANDIDATES:]
+                have = {n.lower() for n in found}
+                # the newest names count most (a question after a pasted log names its things last)
+                self.names = [n for n in self.names if n.lower() not in have] + found[-MAX_CANDIDATES:]
+        del self.names[:-MAX_CANDIDATES]
         del self.texts[:-MAX_NAMES]
 
     def clear(self) -> None:
@@ -294,6 +325,8 @@ class Recall:
             self._off_pairs = [(where.get(id(m), -1), m) for m in off
                                if history_search.searchable(m) and not m.get(FLAG)]
             self._off_text = "\n".join(_text(m) for _, m in self._off_pairs)
+            self._off_lower = self._off_text.lower()
+            self._off_lines = history_search.corpus(self._off_pairs)
             self._off_key = key
         return self._off_pairs, self._off_text
 
@@ -306,19 +339,30 @@ class Recall:
         identical to one they made (same tool, same arguments) with its results — a repeated call's new
         result supersedes them.  Not live: the messages that named them (they ask; they do not answer)."""
         pairs, off_text = self._offloaded()
-        stale = _superseded(self.ledger.transcript, pairs) | (_repeated(pairs, repeats) if repeats else set())
+        stale = self._superseded(pairs) | (_repeated(pairs, repeats) if repeats else set())
+        self.lines = self._off_lines
         if stale or any(id(m) in naming for _, m in pairs):
             pairs = [(i, m) for i, m in pairs if id(m) not in naming and id(m) not in stale]
             off_text = "\n".join(_text(m) for _, m in pairs)
+            kept = {id(m) for _, m in pairs}
+            self.lines = [row for row in self._off_lines if id(row[1]) in kept]
         if not pairs:
             return [], pairs, []
         live = [e.msg for e in entries if id(e.msg) not in naming]
         if self.ctx.tools:
             live.append({"role": "system", "content": json.dumps(self.ctx.tools, ensure_ascii=False)})
         live_text = "\n".join(_text(m) for m in live)
-        held = [n for n in names if _visible_pattern(n).search(off_text)]
+        low = self._off_lower if off_text is self._off_text else off_text.lower()
+        held = [n for n in names if n.lower() in low and _visible_pattern(n).search(off_text)]
         unseen = [n for n in held if not _visible_pattern(n).search(live_text)]
         return (unseen + [n for n in held if n not in unseen])[:MAX_NAMES], pairs, live
+
+    def _superseded(self, pairs) -> Set[int]:
+        """:func:`_superseded` of the transcript, cached until it grows or more is offloaded."""
+        key = (len(self.ledger.transcript), len(pairs))
+        if key != self._stale_key:
+            self._stale, self._stale_key = _superseded(self.ledger.transcript, pairs), key
+        return self._stale
 
     def _message(self, missing: List[str], texts: Sequence[str], pairs, live: Sequence[dict] = ()
                  ) -> Tuple[Optional[dict], int, int]:
@@ -331,14 +375,14 @@ class Recall:
         query = " ".join(list(missing) + list(reversed(texts)))
         more = ": search_history finds them)" if self.search_offered() else ": they are in the history file)"
         # the header replaces the result's intro (which the search counts in its budget)
-        intro = f"Matches for {history_search._quote(query)} in the compacted messages (best first):"
+        intro = f"Matches for {history_search.quote_query(query)} in the compacted messages (best first):"
         budget = self.budget - count(header) + count(intro)
         for _ in range(4):   # re-measured: the header and the footer's wording differ from the search's
             room = budget
             if room <= count(intro):
                 return None, 0, 0
-            text, shown = history_search.search_result(pairs, query, budget=room, count=count,
-                                                       context=live, anchors=missing)
+            text, shown = history_search.search_result(pairs, query, budget=room, count=count, context=live,
+                                                       anchors=missing, lines_of_messages=self.lines)
             if not shown:
                 return None, 0, 0
             lines = text.split("\n")[1:]   # the result's intro names the query: the header says it better
@@ -425,7 +469,7 @@ def _clip(text: str) -> str:
 
 def _text(msg: dict) -> str:
     try:
-        return history_search._text(msg)
+        return history_search.message_text(msg)
     except (TypeError, AttributeError, ValueError):
         return ""
 
