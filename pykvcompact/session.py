@@ -270,7 +270,7 @@ class Session(CallLoop):
         already, fsynced as it came: a session that was never saved can be loaded from its log.)"""
         from .sessions.persist import save_session
         with self._one_call():
-            save_session(self, path)
+            save_session(path, self._ctx, self._ledger.journal, self.session_id, self.log_path)
 
     @classmethod
     def load(cls, engine, path, **kwargs) -> "Session":
@@ -279,8 +279,28 @@ class Session(CallLoop):
         state is loaded when the snapshot is current and was saved by the same model, context size and
         library version, else the live context is prefilled again (``resumed["kv"]`` says which).
         ``kwargs`` (``summarizer``, ``labels``, ``template``, ``recall_tokens``) as for the constructor."""
-        from .sessions.persist import load_session
-        return load_session(cls, engine, path, **kwargs)
+        from .sessions.persist import read_session, restore_context
+        got = read_session(path, kwargs)
+        r = got.record
+        # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)
+        s = cls(engine, policy=got.policy, session_id=r.session_id, history_dir=str(got.journal.path.parent),
+                tools=r.tools or None, _resume=got.journal, **kwargs)
+        s.log_path = str(got.journal.path)
+        try:
+            s._ledger.restore(r)
+            # completion ids go on from here: each answered call left at least one assistant message
+            s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
+            for i, described in r.metas.items():
+                s._maker.restore(r.transcript[i], described)
+            s._maker.notes.notes.update(r.notes)
+            if r.cur_tools != s._cur_tools:
+                s._cur_tools = s._ctx.tools = r.cur_tools
+            s.resumed = restore_context(s._ctx, s._room, s.engine, s.window, s.session_id, r, got.header,
+                                        got.blob)
+        except BaseException:
+            s.close()
+            raise
+        return s
 
     def call_tool(self, name: str = compaction_tool.NAME, arguments: Optional[dict] = None) -> str:
         """Run a session-handled tool as if the model had called it now (``compact_conversation``, or

@@ -33,6 +33,16 @@ class Ledger:
     def path(self) -> str:
         return str(self.history.path)
 
+    def restore(self, replayed) -> None:
+        """The state a replayed log describes (``journal.replay``): the transcript, what was offloaded and
+        written to the history file, the summaries marked as replaced, the pins."""
+        self.transcript = list(replayed.transcript)
+        self.offloaded = [replayed.transcript[i] for i in sorted(replayed.offloaded)]
+        self._written = set(replayed.offloaded)
+        self._marked = set(replayed.removed_summaries)
+        self.pinned = set(replayed.pinned) | {i for i, m in enumerate(replayed.transcript) if m.get("pinned")}
+        self.history.blocks = 1 if self.history.path.exists() else 0
+
     def log(self, msg: dict, view: Optional[dict] = None, live: bool = True) -> None:
         """Write the next message to the log (fsynced) before it changes anything.  ``live``: it goes into
         the live context (a summary goes live with its swap); ``view``: what the template sees of it, when

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -30,18 +31,17 @@ from .messages import view_of
 MAGIC = b"PKVSESS1"
 
 
-def save_session(s, path) -> None:
-    """Write the snapshot atomically (temp file, fsync, rename): a crash leaves the old one or the new."""
-    s._check_open()
+def save_session(path, ctx, journal, session_id: str, log: str) -> None:
+    """Write the snapshot of the live context ``ctx`` atomically (temp file, fsync, rename): a crash leaves
+    the old one or the new.  ``journal``: the session's log, flushed first (the snapshot describes it)."""
     try:
         os.fsencode(os.fspath(path))
     except UnicodeEncodeError:   # (a lone surrogate: the file system cannot name it)
         raise ValueError(f"the snapshot path {path!r} cannot be encoded for the file system; "
                          "use a path of valid characters") from None
-    ctx = s._ctx
-    if ctx.partial is not None:  # pragma: no cover - a call is running (guarded by _one_call)
+    if ctx.partial is not None:  # pragma: no cover - a call is running (guarded by the session)
         raise errors.SequenceBusyError("a reply is being generated; save after it")
-    s._ledger.journal.flush()  # the snapshot describes the log: it must hold every change first
+    journal.flush()  # the snapshot describes the log: it must hold every change first
     blob, kv_note = b"", ""
     try:
         blob = ctx.seq.save_state()
@@ -50,7 +50,7 @@ def save_session(s, path) -> None:
     except errors.PyKVCompactError as e:
         kv_note = str(e)
     header = {
-        "session_id": s.session_id, "log": os.path.abspath(s.log_path), "records": s._ledger.journal.records,
+        "session_id": session_id, "log": os.path.abspath(log), "records": journal.records,
         "n_prefix": ctx.n_prefix, "text": ctx.text, "n_tokens": len(ctx),
         "entries": [[e.tidx, e.start_char, e.start_tok] for e in ctx.entries],
         "kv": bool(blob), "kv_note": kv_note,
@@ -96,7 +96,19 @@ def _read_snapshot(path: Path):
     return header, raw[start + n:]
 
 
-def load_session(cls, engine, path, **kwargs):
+@dataclass
+class Loaded:
+    """What :func:`read_session` found: the replayed log (``record``), the log itself, the policy it holds
+    and, from a snapshot, its header and KV state."""
+    record: object
+    journal: Journal
+    policy: Policy
+    header: Optional[dict]
+    blob: bytes
+
+
+def read_session(path, kwargs: dict) -> Loaded:
+    """Read a snapshot or a log for ``Session.load`` (the arguments it may not take are refused here)."""
     for key in ("policy", "session_id", "history_dir", "tools", "system"):
         if key in kwargs:
             raise TypeError(f"Session.load takes {key} from the session's log, not as an argument; load it, then "
@@ -122,17 +134,7 @@ def load_session(cls, engine, path, **kwargs):
         policy = Policy(**{"history_tool": False, **stored})
     except (TypeError, ValueError) as e:
         raise errors.InvalidStateError(f"{str(log)!r} holds a policy this version cannot use ({e})") from None
-    # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)
-    s = cls(engine, policy=policy, session_id=r.session_id, history_dir=str(journal.path.parent),
-            tools=r.tools or None, _resume=journal, **kwargs)
-    s.log_path = str(journal.path)
-    try:
-        _restore(s, r)
-        s.resumed = _restore_context(s, r, header, blob)
-    except BaseException:
-        s.close()
-        raise
-    return s
+    return Loaded(r, journal, policy, header, blob)
 
 
 def _is_snapshot(path: Path) -> bool:
@@ -143,48 +145,31 @@ def _is_snapshot(path: Path) -> bool:
         raise errors.InvalidStateError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
 
 
-def _restore(s, r) -> None:
-    led = s._ledger
-    led.transcript = list(r.transcript)
-    led.offloaded = [r.transcript[i] for i in sorted(r.offloaded)]
-    led._written = set(r.offloaded)
-    led._marked = set(r.removed_summaries)
-    led.pinned = set(r.pinned) | {i for i, m in enumerate(r.transcript) if m.get("pinned")}
-    led.history.blocks = 1 if led.history.path.exists() else 0
-    # completion ids go on from here: each answered call left at least one assistant message
-    s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
-    for i, described in r.metas.items():
-        s._maker.restore(r.transcript[i], described)
-    s._maker.notes.notes.update(r.notes)
-    if r.cur_tools != s._cur_tools:
-        s._cur_tools = s._ctx.tools = r.cur_tools
-
-
-def _restore_context(s, r, header: Optional[dict], blob: bytes) -> dict:
-    """The live context: from the snapshot's KV state when it describes this log, else prefilled."""
-    ctx = s._ctx
+def restore_context(ctx, room, engine, window: int, session_id: str, r, header: Optional[dict],
+                    blob: bytes) -> dict:
+    """The live context ``ctx``: from the snapshot's KV state when it describes this log, else prefilled;
+    then fitted to ``window`` (``room`` compacts).  Returns what ``Session.resumed`` reports."""
     live = [(i, v if v is not None else view_of(r.transcript[i])) for i, v in r.live]
     n_prefix = 1 if live and r.transcript[live[0][0]].get("role") == "system" else 0
-    why = _kv_usable(header, r, live) or _load_kv(s, r, live, header, blob, n_prefix)
+    why = _kv_usable(header, r, live) or _load_kv(ctx, engine, r, live, header, blob, n_prefix)
     if why:
         try:
             for i, v in live:  # prefill again, message by message (as they were added)
                 ctx.add(r.transcript[i], v, i, summary=bool(r.transcript[i].get("summary")))
         except errors.ContextFullError as e:  # more than this engine's whole pool
-            raise ValueError(f"session {s.session_id!r}: its live context does not fit in this engine (n_ctx "
-                             f"{s.engine.n_ctx}: {e}): load it into an engine with a larger n_ctx (e.g. the one "
+            raise ValueError(f"session {session_id!r}: its live context does not fit in this engine (n_ctx "
+                             f"{engine.n_ctx}: {e}): load it into an engine with a larger n_ctx (e.g. the one "
                              "that saved it), compact() and save() it there, then load it here") from None
         ctx.n_prefix = n_prefix
-    _fit(s)
+    _fit(ctx, room, engine, window, session_id)
     ctx.prefilled = 0
     return {"kv": not why, "reason": why, "tokens": len(ctx)}
 
 
-def _load_kv(s, r, live, header: dict, blob: bytes, n_prefix: int) -> str:
+def _load_kv(ctx, engine, r, live, header: dict, blob: bytes, n_prefix: int) -> str:
     """Take the snapshot's KV state as the live sequence; why it could not be used ("" when it was)."""
-    ctx = s._ctx
     try:
-        seq = s.engine.load_sequence(blob)
+        seq = engine.load_sequence(blob)
     except (errors.PyKVCompactError, AttributeError) as e:
         return f"the KV state was not loaded ({e})"
     ctx.entries = [Entry(r.transcript[i], v, i, bool(r.transcript[i].get("summary")), c, t)
@@ -197,26 +182,25 @@ def _load_kv(s, r, live, header: dict, blob: bytes, n_prefix: int) -> str:
     if seq.tokens == ctx.tok(render) or ctx.detok(seq.tokens) == render:
         return ""
     ctx.entries, ctx.text = [], ""
-    ctx.replace_sequence(s.engine.sequence())
+    ctx.replace_sequence(engine.sequence())
     return "the loaded KV state does not match the rendered messages"
 
 
-def _fit(s) -> None:
+def _fit(ctx, room, engine, window: int, session_id: str) -> None:
     """A live context over the window here (a smaller engine; replies re-tokenized a little longer) is
     compacted to fit, as a call would do; when it cannot be, the load is refused clearly."""
-    ctx = s._ctx
-    if len(ctx) <= s.window:
+    if len(ctx) <= window:
         return
     n, cause = len(ctx), ""
     try:
-        s._room.make(lambda: len(ctx))
+        room.make(lambda: len(ctx))
     except (errors.PyKVCompactError, ValueError) as e:  # no room for the summary, no cut point...
         cause = f" ({e})"
-    if len(ctx) <= s.window and not cause:
+    if len(ctx) <= window and not cause:
         return
     raise ValueError(
-        f"session {s.session_id!r}: its live context ({n} tokens) is larger than its window on this engine "
-        f"({s.window} tokens, n_ctx {s.engine.n_ctx}) and could not be compacted to fit{cause}: load it into "
+        f"session {session_id!r}: its live context ({n} tokens) is larger than its window on this engine "
+        f"({window} tokens, n_ctx {engine.n_ctx}) and could not be compacted to fit{cause}: load it into "
         "an engine with a larger n_ctx (e.g. the one that saved it), compact() and save() it there, then load "
         "it here")
 
@@ -239,4 +223,4 @@ def _kv_usable(header: Optional[dict], r, live) -> str:
     return ""
 
 
-__all__ = ["save_session", "load_session", "MAGIC", "log_path"]
+__all__ = ["save_session", "read_session", "restore_context", "Loaded", "MAGIC", "log_path"]
