@@ -11,7 +11,7 @@ import pytest
 import pykvcompact as pk
 from pykvcompact import events as ev, history_search
 from pykvcompact.session import ContextWindowError
-from pykvcompact.sessions import recall
+from pykvcompact.sessions import names as naming, recall
 
 from fake_engine import FakeEngine, default_responder
 
@@ -146,25 +146,25 @@ def recalled_events(s):
     ('{"path": "src/app.py"}', ["src/app.py"]),
 ])
 def test_names_are_recognised_by_syntax_only(text, names):
-    assert recall.names_in(text) == names
+    assert naming.names_in(text) == names
 
 
 def test_names_of_messages_of_every_shape():
-    assert recall.names_of_message({"role": "assistant", "content": None,
+    assert naming.names_of_message({"role": "assistant", "content": None,
                                     "tool_calls": [call("x", "read_file", path="services/auth/config.toml")]}) == \
         ["services/auth/config.toml"]   # the argument values, not the function's name (read_file)
     bad = {"role": "assistant", "content": None,
            "tool_calls": [{"function": {"name": "f", "arguments": "{oops ACC-7 build_9"}}, "junk", {"x": 1}]}
-    assert recall.names_of_message(bad) == ["ACC-7", "build_9"]   # unparsable arguments: their text
-    assert recall.names_of_message({"role": "user", "content": [{"type": "text", "text": "see ACC-1042"},
+    assert naming.names_of_message(bad) == ["ACC-7", "build_9"]   # unparsable arguments: their text
+    assert naming.names_of_message({"role": "user", "content": [{"type": "text", "text": "see ACC-1042"},
                                                                 {"type": "image_url"}]}) == ["ACC-1042"]
     for m in ({"role": "user", "content": 7}, {"role": "user"}, {"role": "tool", "content": "ACC-1"},
               {"role": "user", "content": "ACC-1042", "summary": True}, "ACC-1042", None,
               {"role": "assistant", "tool_calls": "nope"}):
-        assert recall.names_of_message(m) == []
+        assert naming.names_of_message(m) == []
     huge = "filler text " * 50000 + " finally ask about build_1234?"
     t = time.perf_counter()
-    assert recall.names_in(huge) == ["build_1234"]   # the head and tail are scanned
+    assert naming.names_in(huge) == ["build_1234"]   # the head and tail are scanned
     assert time.perf_counter() - t < 1.0
 
 
