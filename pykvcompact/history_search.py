@@ -98,16 +98,21 @@ def _pattern(term: str) -> "re.Pattern":
     return re.compile(r"(?<![^\W_])" + body + end, re.IGNORECASE)
 
 
-def message_text(msg: dict) -> str:
-    """A message's searchable text: its content and its calls to other tools (a search's own call and
-    result are never searched: they would echo earlier results back ahead of the original)."""
+def _parts(msg: dict) -> List[Tuple[str, bool]]:
+    """``(text, is_call)``: a message's content, then one text per call to another tool (a search's own
+    call and result are never searched: they would echo earlier results back ahead of the original)."""
     content = msg.get("content")
-    parts = [content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)] if content else []
+    parts = [(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False), False)] if content else []
     for tc in msg.get("tool_calls") or []:
         f = tc.get("function", {}) if isinstance(tc, dict) else {}
         if f.get("name") != NAME:
-            parts.append(f"{f.get('name', '?')}({f.get('arguments', '')})")
-    return "\n".join(parts)
+            parts.append((f"{f.get('name', '?')}({f.get('arguments', '')})", True))
+    return parts
+
+
+def message_text(msg: dict) -> str:
+    """A message's searchable text: its content and its calls to other tools."""
+    return "\n".join(text for text, _ in _parts(msg))
 
 
 def _calls_of(messages: Sequence[Tuple[int, dict]]) -> dict:
@@ -179,243 +184,9 @@ def search(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
     return search_result(messages, query, budget=budget, count=count)[0]
 
 
-def _lines_of(msg: dict):
-    """``(line, is_call)`` for each non-empty line of a message's searchable text (:func:`message_text`):
-    its content's lines, then one line per call to another tool."""
-    out = []
-    content = msg.get("content")
-    if content:
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        out += [(ln, False) for ln in text.splitlines() if ln.strip()]
-    for tc in msg.get("tool_calls") or []:
-        f = tc.get("function", {}) if isinstance(tc, dict) else {}
-        if f.get("name") != NAME:
-            out += [(ln, True) for ln in f"{f.get('name', '?')}({f.get('arguments', '')})".splitlines() if ln.strip()]
-    return out
-
-
-def corpus(messages: Sequence[Tuple[int, dict]]) -> List[tuple]:
-    """The searchable lines of ``messages`` (``(transcript index, message)``): ``(index, message, line,
-    is_call)`` each.  A caller that searches the same messages again and again (the recall) keeps it."""
-    return [(idx, msg, ln, is_call) for idx, msg in messages if searchable(msg) for ln, is_call in _lines_of(msg)]
-
-
-def search_result(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
-                  count: Callable[[str], int] = lambda s: len(s) // 4 + 1,
-                  context: Sequence[dict] = (), anchors: Sequence[str] = (),
-                  lines_of_messages: Optional[List[tuple]] = None) -> Tuple[str, int]:
-    """``(text, lines shown)``: see :func:`search`.
-
-    ``context`` (the recall's use): the messages the model sees now.  Their lines are ranked with the
-    others (they count in the terms' rarity) and set the bar: only a compacted line that ranks above every
-    line of the context is returned, and only if the context does not show it already, so nothing is
-    returned when the context holds evidence as good (``("", 0)``).  Neither side counts the lines of the
-    agent's own calls (what it asked for, not what it learned: the call's arguments still rank its
-    result's lines) nor, as the bar, the lines the user wrote (where a question comes from, not its
-    answer; a summary quotes them too).  ``anchors`` (names, required with ``context``): only the lines that
-    match one of their terms (themselves, or through their call's arguments) count, as evidence and as the
-    bar; the query's other words ("reply with the value only") rank them but are no evidence on their own.
-    ``lines_of_messages``: :func:`corpus` of ``messages``, when the caller has it."""
-    messages = [(i, m) for i, m in messages if searchable(m)]
-    if not messages:
-        return NOTHING_OFFLOADED, 0
-    want = terms(query)
-    if not want:
-        return f"The query {quote_query(query)} has no words to search for: name a value, id, path or word.", 0
-    rows = corpus(messages) if lines_of_messages is None else lines_of_messages
-    rows = rows + [(LIVE, m, ln, is_call) for m in context for ln, is_call in _lines_of(m)]
-    lines = [(idx, msg, ln) for idx, msg, ln, _ in rows]
-    calls_at = {k for k, row in enumerate(rows) if row[3]}
-    n_off = sum(1 for idx, _, _ in lines if idx != LIVE)
-    ranked = _rank(lines, want, list(messages) + [(LIVE, m) for m in context])
-    if ranked is None:
-        return (f"No compacted message matches {quote_query(query)} ({len(messages)} messages searched). The summary "
-                "above and the recent messages are all the context there is.", 0)
-    score, matched, pats, idf, occurrences = ranked
-    if context:
-        score = _better_than_context(lines, n_off, score, matched, calls_at, {t for a in anchors for t in terms(a)})
-        if not score:
-            return "", 0
-    scored = sorted(((sc, lines[k][0], k) for k, sc in score.items()), key=lambda x: (-x[0], -x[1], x[2]))
-    # the excerpt of a long line holds the most terms, the rarest first: fewest occurrences in all the lines
-    rare = [pats[t] for t in sorted(idf, key=lambda t: (-idf[t], occurrences[t]))]
-    intro = f"Matches for {quote_query(query)} in the compacted messages (best first):"
-    footer = "({} more matching lines not shown: refine the query)"
-    used = count(intro) + count(footer.format(len(scored)))
-    picked: dict = {}
-    shown_text: dict = {}
-    shown = 0
-    for _, idx, k in scored:
-        head = 0 if idx in picked else count(_head(idx, lines[k][1]))
-        shown_text[k] = _excerpt(lines[k][2], rare)
-        cost = count(shown_text[k]) + head
-        width = LONG_LINE
-        while used + cost > budget and not shown and width > MIN_EXCERPT:   # the best line, narrower
-            width = width * 3 // 4
-            shown_text[k] = _excerpt(lines[k][2], rare, width)
-            cost = count(shown_text[k]) + head
-        if used + cost > budget:
-            if shown:
-                break
-            continue  # a line that cannot fit even alone: try the next one
-        picked.setdefault(idx, []).append(k)
-        used += cost
-        shown += 1
-    if not shown:
-        return (f"The lines matching {quote_query(query)} are too long to show in {budget} tokens; search for something "
-                "more specific.", 0)
-    rank = {k: r for r, (_, _, k) in enumerate(scored)}
-    out = [intro]
-    for idx in sorted(picked, key=lambda i: min(rank[k] for k in picked[i])):
-        out.append(_head(idx, lines[picked[idx][0]][1]))
-        out.extend(shown_text[k] for k in sorted(picked[idx]))
-    if len(scored) > shown:
-        out.append(footer.format(len(scored) - shown))
-    return "\n".join(out), shown
-
-
-LIVE = -1   # the transcript index given to the context's lines
-
-
-def _better_than_context(lines, n_off: int, score: dict, matched: dict, calls_at: set, anchor_terms: set) -> dict:
-    """The scores of the compacted lines (the first ``n_off``) that are about an anchor, rank above every
-    line of the context that is (but the user's), are not calls, and that the context does not show."""
-    about = {k: sc for k, sc in score.items() if matched[k] & anchor_terms and k not in calls_at}
-    asked = {_norm(ln) for _, m, ln in lines if m.get("role") == "user" and not m.get("summary")}
-    bar = max((sc for k, sc in about.items() if k >= n_off and _norm(lines[k][2]) not in asked), default=0.0)
-    live = [_norm(lines[k][2]) for k in range(n_off, len(lines))]
-    live_text = "\n".join(live)
-    # a long line the context shows as an excerpt ("...key": value, ...): its core is part of the original
-    cores = [ln.strip(".") for ln in live if (ln.startswith("...") or ln.endswith("...")) and len(ln) >= 40]
-    out = {}
-    for k, sc in about.items():
-        if k >= n_off or sc <= bar:
-            continue
-        line = _norm(lines[k][2])
-        if (len(line) >= SHOWN_MIN and line in live_text) or any(c in line for c in cores):
-            continue   # shown already (in a line of its own, a summary's listing, an earlier recall)
-        out[k] = sc
-    return out
-
-
-def _norm(line: str) -> str:
-    return " ".join(line.split())
-
-
-def _rank(lines, want: Sequence[str], messages: Sequence[Tuple[int, dict]]):
-    """Each line's score for the query terms ``want``: the rarity (BM25's idf over ``lines``) of the terms
-    it contains, plus :data:`CALL_WEIGHT` of those its call's arguments match.  ``(score, matched terms,
-    patterns, idf, occurrences)`` by line index, or ``None`` when no line matches any term.
-
-    Each term is searched once over all the text, not line by line.  A term on more than half the lines
-    (a tenth of its weight: it tells little) is only looked for in the lines a rarer term matched, unless
-    no rarer term matched anything: on a long history ("value" in every JSON row) that is most of the cost."""
-    n = len(lines)
-    joined = "\n".join(ln for _, _, ln in lines)
-    starts, at = [], 0
-    for _, _, ln in lines:
-        starts.append(at)
-        at += len(ln) + 1
-    pats = {t: _pattern(t) for t in want}
-    matched: dict = {}
-    counts, occurrences, common = {}, {}, []
-    for t in want:
-        occurrences[t] = len(pats[t].findall(joined))
-        if not occurrences[t]:
-            continue
-        counts[t] = len(re.findall(pats[t].pattern + r"[^\n]*", joined, pats[t].flags))  # lines holding it
-        if counts[t] > n / 2:
-            common.append(t)
-            continue
-        for m in pats[t].finditer(joined):
-            matched.setdefault(bisect.bisect_right(starts, m.start()) - 1, set()).add(t)
-    for t in common:
-        for k in (list(matched) if matched else range(n)):
-            if pats[t].search(lines[k][2]):
-                matched.setdefault(k, set()).add(t)
-    # BM25's idf; a term on more than half the lines tells little (a tenth of its weight)
-    idf = {t: math.log(1 + (n - c + 0.5) / (c + 0.5)) * (1.0 if c <= n / 2 else 0.1) for t, c in counts.items()}
-    if not idf:
-        return None
-    score = {k: sum(idf[t] for t in ts) for k, ts in matched.items()}
-    calls = _calls_of(messages)
-    in_call: dict = {}   # call text -> the terms its arguments match (one search per call, not per line)
-    for k in list(score):   # a line that matches on its own also gets what its call's arguments match
-        call = calls.get(id(lines[k][1]))
-        if call:
-            if call not in in_call:
-                in_call[call] = {t for t in idf if pats[t].search(call)}
-            extra = in_call[call] - matched[k]
-            if extra:
-                score[k] += CALL_WEIGHT * sum(idf[t] for t in extra)
-                matched[k] = matched[k] | extra
-    return score, matched, pats, idf, occurrences
-
-
-def _excerpt(line: str, pats: Sequence["re.Pattern"], width: int = LONG_LINE) -> str:
-    """``line``, or for a long one the ``width`` characters that hold the most of the query's terms (``pats``,
-    rarest first: a tie goes to the window with the rarer term), starting a little before a match (a
-    value follows its key: ``"percent_covered_display": "57.77"``).  One pass over the matches."""
-    if len(line) <= width:
-        return line
-    spans = sorted((m.start(), m.end(), r) for r, p in enumerate(pats) for m in p.finditer(line))
-    margin = min(8, width // 8)
-    best, at = None, 0
-    inside: dict = {}          # rank -> matches of it in the window
-    hi = 0
-    lo = 0
-    for start, _, _ in spans:
-        s0 = max(0, start - margin)
-        while lo < len(spans) and spans[lo][0] < s0:      # matches that begin before the window leave it
-            if lo < hi:
-                r = spans[lo][2]
-                inside[r] -= 1
-                if not inside[r]:
-                    del inside[r]
-            lo += 1
-        hi = max(hi, lo)
-        while hi < len(spans) and spans[hi][1] <= s0 + width:
-            inside[spans[hi][2]] = inside.get(spans[hi][2], 0) + 1
-            hi += 1
-        if inside:
-            key = (len(inside), -min(inside))
-            if best is None or key > best:
-                best, at = key, s0
-    start = min(at, max(0, len(line) - width))
-    end = min(len(line), start + width)
-    return ("..." if start else "") + line[start:end] + ("..." if end < len(line) else "")
-
-
-def _head(index: int, msg: dict) -> str:
-    name = f" ({msg['name']})" if msg.get("name") else ""
-    return f"[message {index}, {msg.get('role', '?')}{name}]"
-
-
-def quote_query(query: str) -> str:
-    q = " ".join(query.split())
-    return repr(q if len(q) <= QUOTE else q[:QUOTE] + "...")
-
-
-def search(messages: Sequence[Tuple[int, dict]], query: str, *, budget: int,
-           count: Callable[[str], int] = lambda s: len(s) // 4 + 1) -> str:
-    """The result text for ``query`` over ``messages`` (``(transcript index, message)``, oldest first):
-    the best lines grouped under their message's header, at most ``budget`` tokens by ``count``."""
-    return search_result(messages, query, budget=budget, count=count)[0]
-
-
-def _lines_of(msg: dict):
-    """``(line, is_call)`` for each non-empty line of a message's searchable text (:func:`message_text`):
-    its content's lines, then one line per call to another tool."""
-    out = []
-    content = msg.get("content")
-    if content:
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-        out += [(ln, False) for ln in text.splitlines() if ln.strip()]
-    for tc in msg.get("tool_calls") or []:
-        f = tc.get("function", {}) if isinstance(tc, dict) else {}
-        if f.get("name") != NAME:
-            out += [(ln, True) for ln in f"{f.get('name', '?')}({f.get('arguments', '')})".splitlines() if ln.strip()]
-    return out
+def _lines_of(msg: dict) -> List[Tuple[str, bool]]:
+    """``(line, is_call)`` for each non-empty line of a message's searchable text (:func:`message_text`)."""
+    return [(ln, is_call) for text, is_call in _parts(msg) for ln in text.splitlines() if ln.strip()]
 
 
 def corpus(messages: Sequence[Tuple[int, dict]]) -> List[tuple]:
