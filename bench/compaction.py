@@ -70,13 +70,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode (median and spread of the figures)")
     ap.add_argument("--n-threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--background-share", type=float, default=None,
+                    help="the engine's background_share (default: by backend, 0.15 on a CPU; 1: every step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     n_ctx = 2 * args.window + 1536
-    eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers)
+    eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers,
+                    background_share=args.background_share)
     result = {"model": args.model, "window": args.window, "turns": args.turns, "n_ctx": eng.n_ctx,
-              "n_threads": eng.n_threads, "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "n_threads": eng.n_threads, "background_share": eng.stats()["background_share"],
+              "max_tokens": args.max_tokens, "repeats": args.repeats,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": "2-core CPU", "modes": {}}
     history = tempfile.mkdtemp(prefix="pykvcompact-bench-")
     for mode in args.modes.split(","):

@@ -33,7 +33,7 @@ def _tokens(eng: pk.Engine, n: int, seed: int) -> list:
 def measure(model: str, chunk: int, args) -> dict:
     # the idle cap at least the busy one (the engine refuses a busy cap above it)
     with pk.Engine(model, n_ctx=4096, n_seq_max=8, n_threads=args.threads, background_chunk=max(64, chunk),
-                   background_chunk_busy=chunk) as eng:
+                   background_chunk_busy=chunk, background_share=args.background_share) as eng:
         seq = eng.sequence(_tokens(eng, args.context, 0))
         summary = _tokens(eng, args.summary, 1)
         keep_prefix, keep_from = args.context // 6, args.context - args.context // 6
@@ -58,7 +58,8 @@ def measure(model: str, chunk: int, args) -> dict:
         stat = lambda v: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}  # noqa: E731
         tok = {"median_ms": statistics.median(token_ms), "max_ms": max(token_ms), "n": len(token_ms)} \
             if token_ms else None
-        return {"background_chunk_busy": chunk, "at_once": stat(at_once), "beside": stat(beside),
+        return {"background_chunk_busy": chunk, "background_share": eng.stats()["background_share"],
+                "aborted_decodes": eng.stats()["aborted_decodes"], "at_once": stat(at_once), "beside": stat(beside),
                 "ratio": statistics.median(beside) / statistics.median(at_once), "token_ms": tok}
 
 
@@ -71,6 +72,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--background-share", type=float, default=None,
+                    help="the engine's background_share (default: by backend, 0.15 on a CPU; 1: every step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rows = [measure(args.model, int(c), args) for c in args.chunks.split(",")]

@@ -55,13 +55,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--n-threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--background-share", type=float, default=None,
+                    help="the engine's background_share (default: by backend, 0.15 on a CPU; 1: every step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
     n_ctx = max(contexts) * 2 + 1024
 
-    eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers)
-    result = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": _loadavg(), "n_ctx": eng.n_ctx, "n_threads": eng.n_threads, "machine": platform.machine(),
+    eng = pk.Engine(args.model, n_ctx=n_ctx, n_seq_max=8, n_threads=args.n_threads, n_gpu_layers=args.n_gpu_layers,
+                    background_share=args.background_share)
+    result = {"model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg": _loadavg(), "n_ctx": eng.n_ctx, "n_threads": eng.n_threads, "background_share": eng.stats()["background_share"], "machine": platform.machine(),
               "processor": platform.processor(), "python": sys.version.split()[0], "repeats": args.repeats,
               "unit": "ms", "ops": {}}
     ops = result["ops"]

@@ -14,13 +14,15 @@ class CommandQueue {
 public:
     using Command = std::function<void()>;
 
-    // False (and the command is dropped) once the queue is stopped.
-    bool push(Command c) {
+    // False (and the command is dropped) once the queue is stopped. `urgent`: the command brings
+    // foreground work, which may cut short a background-only decode in progress (Engine::step).
+    bool push(Command c, bool urgent = false) {
         {
             std::lock_guard<std::mutex> lk(mu_);
             if (stopped_) return false;
             cmds_.push_back(std::move(c));
             pending_.store((int) cmds_.size());
+            if (urgent) urgent_.store(true);
         }
         cv_.notify_one();
         return true;
@@ -42,15 +44,18 @@ public:
         std::vector<Command> out;
         out.swap(cmds_);
         pending_.store(0);
+        urgent_.store(false);
         return out;
     }
     bool has_pending() const { return pending_.load() > 0; }
+    bool has_urgent() const { return urgent_.load(); }
 
 private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::vector<Command> cmds_;
     std::atomic<int> pending_{0};
+    std::atomic<bool> urgent_{false};
     bool woken_ = false;
     bool stopped_ = false;
 };

@@ -1,17 +1,21 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 
 #include "tasks.h"
 
 namespace pkc {
 
+thread_local const Engine * t_decoding = nullptr;
+
 namespace {
 
 bool g_verbose = false;
 
 void log_callback(ggml_log_level level, const char * text, void *) {
+    if (level == GGML_LOG_LEVEL_ERROR && t_decoding && t_decoding->aborting()) return;  // not an error
     if (g_verbose || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
@@ -37,6 +41,8 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
         throw std::invalid_argument("background_chunk and background_chunk_busy must be >= 1");
     if (opts.n_threads < 0 || opts.n_threads > 1024)
         throw std::invalid_argument("n_threads must be between 1 and 1024, got " + std::to_string(opts.n_threads));
+    if (std::isnan(opts.background_share))
+        throw std::invalid_argument("background_share must be a number (negative: by backend)");
     if (opts.flash_attn < -1 || opts.flash_attn > 1) throw std::invalid_argument("flash_attn must be -1 (auto), 0 or 1");
     g_verbose = opts.verbose;
     llama_log_set(log_callback, nullptr);
@@ -80,6 +86,9 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     n_swa_ = llama_model_n_swa(model_);
     const auto rope = llama_model_rope_type(model_);
     mrope_ = rope == LLAMA_ROPE_TYPE_MROPE || rope == LLAMA_ROPE_TYPE_IMROPE;
+    const bool on_gpu = opts.n_gpu_layers != 0 && llama_supports_gpu_offload();
+    share_ = BackgroundShare(opts.background_share >= 0.0 ? opts.background_share : on_gpu ? 1.0 : kCpuBackgroundShare);
+    background_only_rows_ = (int) opts.background_chunk;
     kv_ = std::make_unique<KvBook>(ctx_, vocab_, n_ctx_, opts.n_seq_max, opts_.n_batch, !recurrent_state());
     thread_ = std::thread([this] { loop(); });
     engine_thread_id_ = thread_.get_id();

@@ -44,7 +44,7 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
         kv_->enqueue(s, *t, kind == RowKind::Background);
         submit(std::move(t));
         return job;
-    });
+    }, kind != RowKind::Background);
 }
 
 std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token> & tokens,
@@ -67,7 +67,7 @@ std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token
         kv_->enqueue(fork, *t, false);
         submit(std::move(t));
         return job;
-    });
+    }, true);
 }
 
 std::vector<float> Engine::seq_logits(uint64_t h) {
@@ -173,7 +173,7 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
         kv_->enqueue(s, *t, kind == RowKind::Background);
         submit(std::move(t));
         return job;
-    });
+    }, kind != RowKind::Background);
 }
 
 std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, size_t keep_prefix,
@@ -224,7 +224,7 @@ RebaseTask * Engine::find_rebase(uint64_t id) {
 size_t Engine::rebase_target_len(uint64_t id) {
     return run_on_engine_thread([&]() -> size_t {
         RebaseTask * r = find_rebase(id);
-        if (!r) throw EngineError("this rebase is no longer pending (committed, cancelled or failed)");
+        if (!r) throw RebaseNotPendingError("this rebase is no longer pending (committed, cancelled or failed)");
         SeqState & m = kv_->get(r->main_handle);
         return r->keep_prefix + r->replacement_len + (m.size() - r->keep_from);
     });
@@ -243,11 +243,11 @@ void Engine::cancel_rebase(uint64_t id) {
 std::map<std::string, double> Engine::commit_rebase(uint64_t h, uint64_t id) {
     std::future<std::map<std::string, double>> fut = run_on_engine_thread([&] {
         RebaseTask * r = find_rebase(id);
-        if (!r) throw EngineError("this rebase is no longer pending (committed, cancelled or failed); prepare it again");
+        if (!r) throw RebaseNotPendingError("this rebase is no longer pending (committed, cancelled or failed); prepare it again");
         if (r->main_handle != h) throw std::invalid_argument("this rebase was prepared for another sequence");
         r->request_commit(*kv_);  // throws, leaving the rebase committable later, if it cannot start now
         return r->commit_promise.get_future();
-    });
+    }, true);
     return fut.get();
 }
 
@@ -279,6 +279,10 @@ std::map<std::string, double> Engine::stats() {
         m["rebases"] = (double) c.rebases;
         m["catch_up_rows"] = (double) c.catch_up_rows;
         m["forks"] = (double) c.forks;
+        m["background_share"] = share_.share();
+        m["background_deferred_steps"] = (double) share_.deferred_steps();
+        m["aborted_decodes"] = (double) c.aborted_decodes;
+        m["aborted_ms"] = c.aborted_ms;
         m["used_cells"] = (double) kv_->used_cells();
         m["n_ctx"] = (double) n_ctx_;
         m["live_sequences"] = 0;

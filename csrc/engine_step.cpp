@@ -2,7 +2,7 @@
 //
 // A step claims nothing by itself: each sequence's FIFO says which task runs on it. It builds one
 // batch (generation rows first, then prefill chunks round-robin, then background rows within their
-// cap), decodes it, and dispatches the results. A failed decode is rolled back and retried without
+// cap and their share of time), decodes it, and dispatches the results. A failed decode is rolled back and retried without
 // background rows, then with half the batch, as llama.cpp's server does; only the task that cannot
 // fit fails. The step reports *progress* (a decode, or a task that started or ended), so a queued
 // task behind one that ended without decoding is picked up at once.
@@ -19,6 +19,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
+
+bool Engine::abort_check(void * engine) { return static_cast<Engine *>(engine)->aborting(); }
 
 void Engine::loop() {
     bool progress = false;
@@ -43,7 +45,8 @@ bool Engine::step() {
     int budget = (int) opts_.n_batch;
     bool allow_background = true;
     while (true) {
-        std::vector<Task *> active = build_batch(budget, allow_background, progress);
+        int urgent_rows = 0;
+        std::vector<Task *> active = build_batch(budget, allow_background, progress, urgent_rows);
         const int rows = kv_->rows();
         if (rows == 0) break;
         const bool mixed = kv_->has_kind(RowKind::Background) && kv_->count_kind(RowKind::Background) < rows;
@@ -51,15 +54,30 @@ bool Engine::step() {
         auto t0 = std::chrono::steady_clock::now();
         std::string failure;
         int rc = 0;
+        // Only background rows: foreground work submitted meanwhile cuts the decode short (its rows
+        // are rolled back and decoded again later). Not on recurrent state, which cannot roll back.
+        const bool background_only = urgent_rows == 0;
+        const bool abortable = background_only && rows > (int) opts_.background_chunk_busy && !recurrent_state();
+        // The callback is installed for such decodes only: ggml calls it after every graph node.
+        abortable_.store(abortable);
+        if (abortable) llama_set_abort_callback(ctx_, &Engine::abort_check, this);
+        t_decoding = this;
         try {
             rc = kv_->decode();
         } catch (const std::exception & ex) {  // never let an exception end the engine thread
             rc = -100;
             failure = ex.what();
         }
-        c.decode_ms += ms_since(t0);
+        t_decoding = nullptr;
+        if (abortable) llama_set_abort_callback(ctx_, nullptr, nullptr);
+        abortable_.store(false);
+        const double step_ms = ms_since(t0);
+        c.decode_ms += step_ms;
         c.decode_calls += 1;
         if (rc == 0) {
+            share_.record(step_ms, urgent_rows, rows > urgent_rows);
+            if (background_only)
+                background_only_rows_ = std::min((int) opts_.background_chunk, background_only_rows_ + (int) opts_.background_chunk_busy);
             for (int k = 0; k < kRowKinds; ++k) c.rows[k] += kv_->count_kind((RowKind) k);
             if (mixed) c.mixed_batches += 1;
             for (Task * t : active) t->job->add_stat(t->step_rows, mixed);
@@ -67,9 +85,16 @@ bool Engine::step() {
             progress = true;
             break;
         }
-        c.failed_decodes += 1;
         kv_->rollback();
         for (Task * t : active) t->restore_cursor();
+        if (rc == 2 && abortable) {  // aborted for foreground work: not a failure, nothing to retry
+            c.aborted_decodes += 1;
+            c.aborted_ms += step_ms;
+            background_only_rows_ = std::max((int) opts_.background_chunk_busy, background_only_rows_ / 2);
+            progress = true;
+            break;
+        }
+        c.failed_decodes += 1;
         // Retry without background rows, then with half the batch (rc 1 is "no KV slot for the
         // batch"; other codes are retried the same way so that one task never fails another).
         if (mixed && allow_background) { allow_background = false; continue; }
@@ -99,7 +124,7 @@ bool Engine::end_cancelled_queued_tasks() {
     return any;
 }
 
-std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool & progress) {
+std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool & progress, int & urgent_rows) {
     kv_->begin_batch();
     // Urgent work is grouped first; background work after it has added its rows, so that a rebase
     // shadow sees the tokens its main sequence takes in this very step and catches up with them.
@@ -118,11 +143,15 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
     std::vector<Task *> single_urgent, multi_urgent, single_bg, multi_bg;
     group(true, single_urgent, multi_urgent);
     std::vector<Task *> active;
+    // Next to urgent rows, background work that is not on a deadline waits for its share of time.
+    bool share_deferred = false;
     auto offer = [&](const std::vector<Task *> & candidates, int & cap) {
         for (Task * t : candidates) {
             if (budget <= 0) break;
             // a background job on a deadline takes its own rows per step beyond the shared chunk
             const int own = t->urgent() ? 0 : t->job->rows_per_step();
+            const bool waits = !t->urgent() && own == 0 && urgent_rows > 0 && !share_.may_join();
+            if (waits) { share_deferred = true; continue; }
             const int allowed = std::max(cap, own);
             if (allowed <= 0) continue;
             t->save_cursor();
@@ -139,14 +168,16 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
     int urgent_cap = budget;
     offer(single_urgent, urgent_cap);
     offer(multi_urgent, urgent_cap);
+    urgent_rows = kv_->rows();
     if (allow_background) {
         group(false, single_bg, multi_bg);
         // Next to urgent rows, or while commands wait to run, background work takes a small chunk.
         const bool busy = kv_->rows() > 0 || inbox_->has_pending();
-        int bg_cap = (int) (busy ? opts_.background_chunk_busy : opts_.background_chunk);
+        int bg_cap = busy ? (int) opts_.background_chunk_busy : background_only_rows_;
         offer(single_bg, bg_cap);
         offer(multi_bg, bg_cap);
     }
+    if (share_deferred) share_.note_deferred();
     return active;
 }
 

@@ -18,5 +18,9 @@ struct UnsupportedOperationError : EngineError { using EngineError::EngineError;
 // The sequence already has a running job (generation or prefill) on it.
 struct SequenceBusyError : EngineError { using EngineError::EngineError; };
 struct CancelledError : EngineError { using EngineError::EngineError; };
+// A prepared rebase can no longer be committed: another rebase of its sequence was committed first
+// (superseded), or it was committed, cancelled or failed already (not pending).
+struct RebaseSupersededError : EngineError { using EngineError::EngineError; };
+struct RebaseNotPendingError : EngineError { using EngineError::EngineError; };
 
 }  // namespace pkc

@@ -23,6 +23,8 @@ constexpr int kRowKinds = 3;
 
 struct EngineCounters {
     long decode_calls = 0, failed_decodes = 0, mixed_batches = 0;
+    long aborted_decodes = 0;  // background-only decodes cut short for foreground work
+    double aborted_ms = 0;     // the time they had run
     long rows[kRowKinds] = {0, 0, 0};
     double decode_ms = 0;
     long rebases = 0, catch_up_rows = 0, forks = 0;

@@ -37,6 +37,8 @@ void register_translators() {
         } catch (const SequenceBusyError & e) { raise("SequenceBusyError", e.what());
         } catch (const UnsupportedOperationError & e) { raise("UnsupportedOperationError", e.what());
         } catch (const CancelledError & e) { raise("CancelledError", e.what());
+        } catch (const RebaseSupersededError & e) { raise("RebaseSupersededError", e.what());
+        } catch (const RebaseNotPendingError & e) { raise("RebaseNotPendingError", e.what());
         } catch (const EngineError & e) { raise("EngineError", e.what());
         }
     });
@@ -60,7 +62,7 @@ PYBIND11_MODULE(_native, m) {
         .def("set_rows_per_step", &Job::set_rows_per_step, py::arg("n"))
         .def("rows_per_step", &Job::rows_per_step)
         .def("tokens", &Job::tokens)
-        .def("tokens_from", &Job::tokens_from)
+        .def("tokens_from", &Job::tokens_from, py::arg("start"))
         .def("finish_reason", &Job::finish_reason)
         .def("error_message", &Job::error_message)
         .def("rethrow", [](const Job & j) { if (auto e = j.error()) std::rethrow_exception(e); })
@@ -81,17 +83,20 @@ PYBIND11_MODULE(_native, m) {
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string & path, uint32_t n_ctx, uint32_t n_seq_max, int n_threads, uint32_t n_batch,
                          uint32_t background_chunk, uint32_t background_chunk_busy, uint32_t seed, bool use_extra_bufts,
-                         int n_gpu_layers, int flash_attn, bool verbose) {
+                         int n_gpu_layers, int flash_attn, bool verbose, double background_share) {
                  EngineOptions o;
                  o.model_path = path; o.n_ctx = n_ctx; o.n_seq_max = n_seq_max; o.n_threads = n_threads;
                  o.n_batch = n_batch; o.background_chunk = background_chunk; o.background_chunk_busy = background_chunk_busy;
                  o.seed = seed; o.use_extra_bufts = use_extra_bufts; o.n_gpu_layers = n_gpu_layers;
-                 o.flash_attn = flash_attn; o.verbose = verbose;
+                 o.flash_attn = flash_attn; o.verbose = verbose; o.background_share = background_share;
                  return new Engine(o);
              }),
-             py::arg("model_path"), py::arg("n_ctx"), py::arg("n_seq_max"), py::arg("n_threads"), py::arg("n_batch"),
-             py::arg("background_chunk"), py::arg("background_chunk_busy"), py::arg("seed"), py::arg("use_extra_bufts"),
-             py::arg("n_gpu_layers"), py::arg("flash_attn"), py::arg("verbose"), Release())
+             // keywords with the defaults of EngineOptions (pykvcompact.Engine checks and documents them)
+             py::arg("model_path"), py::kw_only(), py::arg("n_ctx") = 4096u, py::arg("n_seq_max") = 8u,
+             py::arg("n_threads") = 0, py::arg("n_batch") = 512u, py::arg("background_chunk") = 64u,
+             py::arg("background_chunk_busy") = 8u, py::arg("seed") = 0u, py::arg("use_extra_bufts") = false,
+             py::arg("n_gpu_layers") = 0, py::arg("flash_attn") = -1, py::arg("verbose") = false,
+             py::arg("background_share") = -1.0, Release())
         .def("shutdown", &Engine::shutdown, Release())
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"), Release())
         .def("detokenize", [](const Engine & e, const std::vector<llama_token> & t, bool special) {
@@ -103,8 +108,8 @@ PYBIND11_MODULE(_native, m) {
             std::string s;
             { py::gil_scoped_release r; s = e.token_to_piece(t, special); }
             return py::bytes(s);
-        })
-        .def("is_eog", &Engine::is_eog, Release())
+        }, py::arg("token"), py::arg("special"))
+        .def("is_eog", &Engine::is_eog, py::arg("token"), Release())
         .def("token_bos", [](const Engine & e) { return e.special_token("bos"); }, Release())
         .def("token_eos", [](const Engine & e) { return e.special_token("eos"); }, Release())
         .def("token_eot", [](const Engine & e) { return e.special_token("eot"); }, Release())
@@ -147,20 +152,20 @@ PYBIND11_MODULE(_native, m) {
         .def("seq_create", &Engine::seq_create, Release())
         .def("seq_append", [](Engine & e, uint64_t h, const std::vector<llama_token> & t, int kind, bool all) {
             return e.seq_append(h, t, (RowKind) kind, all);
-        }, Release())
-        .def("seq_probe", &Engine::seq_probe, Release())
+        }, py::arg("handle"), py::arg("tokens"), py::arg("kind"), py::arg("all_logits"), Release())
+        .def("seq_probe", &Engine::seq_probe, py::arg("handle"), py::arg("tokens"), py::arg("label_tokens"), Release())
         .def("seq_logits", [](Engine & e, uint64_t h) {
             std::vector<float> v;
             { py::gil_scoped_release r; v = e.seq_logits(h); }
             return to_numpy(std::move(v), -1, 0);
-        })
-        .def("seq_tokens", &Engine::seq_tokens, Release())
-        .def("seq_len", &Engine::seq_len, Release())
-        .def("seq_pos_range", &Engine::seq_pos_range, Release())
-        .def("seq_slot", &Engine::seq_slot, Release())
+        }, py::arg("handle"))
+        .def("seq_tokens", &Engine::seq_tokens, py::arg("handle"), Release())
+        .def("seq_len", &Engine::seq_len, py::arg("handle"), Release())
+        .def("seq_pos_range", &Engine::seq_pos_range, py::arg("handle"), Release())
+        .def("seq_slot", &Engine::seq_slot, py::arg("handle"), Release())
         .def("seq_fork", &Engine::seq_fork, py::arg("handle"), py::arg("n_tokens") = -1, Release())
-        .def("seq_truncate", &Engine::seq_truncate, Release())
-        .def("seq_close", &Engine::seq_close, Release())
+        .def("seq_truncate", &Engine::seq_truncate, py::arg("handle"), py::arg("n_tokens"), Release())
+        .def("seq_close", &Engine::seq_close, py::arg("handle"), Release())
         .def("seq_generate", [](Engine & e, uint64_t h, int max_tokens, float temperature, float top_p, int64_t seed,
                                 const std::vector<llama_token> & stop_tokens, const std::vector<std::string> & stop_strings,
                                 const std::string & grammar, int kind) {
@@ -168,20 +173,22 @@ PYBIND11_MODULE(_native, m) {
             sp.temperature = temperature; sp.top_p = top_p; sp.grammar = grammar;
             sp.seed = seed < 0 ? 0xFFFFFFFFu : (uint32_t) (seed % 0xFFFFFFFFll);
             return e.seq_generate(h, max_tokens, sp, stop_tokens, stop_strings, (RowKind) kind);
-        }, Release())
+        }, py::arg("handle"), py::arg("max_tokens"), py::arg("temperature"), py::arg("top_p"), py::arg("seed"),
+           py::arg("stop_tokens"), py::arg("stop_strings"), py::arg("grammar"), py::arg("kind"), Release())
         .def("prepare_rebase", [](Engine & e, uint64_t h, size_t kp, const std::vector<llama_token> & repl, size_t kf, bool splice) {
             return e.prepare_rebase(h, kp, repl, kf, splice);
-        }, Release())
-        .def("commit_rebase", &Engine::commit_rebase, Release())
-        .def("cancel_rebase", &Engine::cancel_rebase, Release())
-        .def("rebase_target_len", &Engine::rebase_target_len, Release())
+        }, py::arg("handle"), py::arg("keep_prefix"), py::arg("replacement"), py::arg("keep_from"), py::arg("splice"),
+           Release())
+        .def("commit_rebase", &Engine::commit_rebase, py::arg("handle"), py::arg("rebase_id"), Release())
+        .def("cancel_rebase", &Engine::cancel_rebase, py::arg("rebase_id"), Release())
+        .def("rebase_target_len", &Engine::rebase_target_len, py::arg("rebase_id"), Release())
         .def("seq_export", [](Engine & e, uint64_t h) {
             // (tokens, evaluated, logits float32 or empty, state bytes)
             SeqSnapshot snap;
             { py::gil_scoped_release r; snap = e.seq_export(h); }
             py::bytes state(reinterpret_cast<const char *>(snap.state.data()), (py::ssize_t) snap.state.size());
             return py::make_tuple(std::move(snap.tokens), snap.evaluated, to_numpy(std::move(snap.logits), -1, 0), state);
-        })
+        }, py::arg("handle"))
         .def("seq_import", [](Engine & e, const std::vector<llama_token> & tokens, size_t evaluated,
                               py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::buffer state) {
             std::vector<float> l(logits.data(), logits.data() + logits.size());

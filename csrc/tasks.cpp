@@ -233,7 +233,7 @@ int RebaseTask::add_rows(KvBook & kv, int budget) {
     }
     if (superseded(kv)) {
         const char * msg = "superseded: another rebase of this sequence was committed; prepare it again";
-        fail(kv, make_err<EngineError>(msg), msg);
+        fail(kv, make_err<RebaseSupersededError>(msg), msg);
         return 0;
     }
     const size_t want = rows_to_catch_up(kv);
@@ -284,7 +284,7 @@ void RebaseTask::check_splice_allowed(KvBook & kv, SeqState & m) const {
 void RebaseTask::request_commit(KvBook & kv) {
     if (committing) throw EngineError("a commit of this rebase is already in progress");
     SeqState & m = kv.get(main_handle);
-    if (superseded(kv)) throw EngineError("superseded: another rebase of this sequence was committed; prepare it again");
+    if (superseded(kv)) throw RebaseSupersededError("superseded: another rebase of this sequence was committed; prepare it again");
     if (splice) check_splice_allowed(kv, m);
     kv.enqueue(m, *this, false);  // SequenceBusyError while another job runs on it
     claims.push_back(main_handle);

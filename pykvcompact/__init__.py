@@ -11,7 +11,8 @@ from ._native_loader import LLAMA_CPP_PYTHON_VERSION
 from .engine import Engine, Sequence, physical_cores
 from .errors import (CancelledError, ContextFullError, EngineClosedError, EngineError, InvalidModelError, ModelNotFoundError,
                      PyKVCompactError, SequenceBusyError, SequenceClosedError, SlotsExhaustedError,
-                     UnsupportedOperationError, InvalidStateError, StateMismatchError)
+                     UnsupportedOperationError, InvalidStateError, StateMismatchError, RebaseSupersededError,
+                     RebaseNotPendingError)
 from .jobs import Job, Rebase
 from .models import list_models, resolve_model
 from .remote import RemoteEngine, RemoteError
@@ -22,7 +23,8 @@ __all__ = [
     "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",
     "PyKVCompactError", "EngineError", "EngineClosedError", "ContextFullError", "SlotsExhaustedError", "SequenceClosedError",
     "SequenceBusyError", "UnsupportedOperationError", "CancelledError", "ModelNotFoundError", "InvalidModelError",
-    "InvalidStateError", "StateMismatchError", "LLAMA_CPP_PYTHON_VERSION", "RemoteEngine", "RemoteError",
+    "InvalidStateError", "StateMismatchError", "RebaseSupersededError", "RebaseNotPendingError",
+    "LLAMA_CPP_PYTHON_VERSION", "RemoteEngine", "RemoteError",
 ]
 
 # The policy layer (sessions, compaction): a failure to import it is a real error, never hidden.

@@ -73,6 +73,14 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _check_share(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"background_share must be a number between 0 and 1 (or None: by backend), got {value!r}")
+    if not 0.0 <= float(value) <= 1.0:   # NaN fails this too
+        raise ValueError(f"background_share must be between 0 and 1 (or None: by backend), got {value}")
+    return float(value)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     m = x.max()
@@ -91,11 +99,17 @@ class Engine:
     and at most ``background_chunk_busy`` rows in one that carries foreground rows (each extra row
     delays the foreground token a little on a CPU); ``background_chunk_busy=None`` means 8, or
     ``background_chunk`` if that is smaller, and a busy cap above ``background_chunk`` is refused.
+    ``background_share``: the time background rows may take next to foreground work, as a fraction of
+    the foreground's own (0.15: the foreground keeps ~1/1.15 = 0.87 of its solo speed; 0: background rows
+    never join a foreground step unless their job is on a deadline, ``Job.set_rows_per_step``; 1: every
+    step).  None: by backend, 0.15 on a CPU and 1 with layers offloaded to a GPU, where extra rows in a
+    step are nearly free.  ``stats()["background_share"]`` says which applies.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_threads: int | None = None, seed: int = 0, *, n_batch: int = 512, background_chunk: int = 64,
                  background_chunk_busy: int | None = None,
+                 background_share: float | None = None,
                  use_extra_bufts: bool = False, n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  verbose: bool = False):
         n_ctx = _check_int("n_ctx", n_ctx, 16)
@@ -114,13 +128,16 @@ class Engine:
             raise ValueError(f"background_chunk_busy ({background_chunk_busy}) must be <= background_chunk "
                              f"({background_chunk}): it caps background rows beside foreground work, which "
                              "background_chunk caps when the foreground is idle")
+        background_share = -1.0 if background_share is None else _check_share(background_share)
         self.model_path = resolve_model(model)
         self.model_name = model if isinstance(model, str) and not os.path.exists(model) else (
             "qwen2.5-coder-1.5b" if model is None else str(model))
-        self._n = native().Engine(str(self.model_path), n_ctx, n_seq_max, n_threads, n_batch, background_chunk,
-                                  background_chunk_busy,
-                                  seed, bool(use_extra_bufts), int(n_gpu_layers),
-                                  -1 if flash_attn is None else int(bool(flash_attn)), bool(verbose))
+        self._n = native().Engine(str(self.model_path), n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
+                                  n_batch=n_batch, background_chunk=background_chunk,
+                                  background_chunk_busy=background_chunk_busy, seed=seed,
+                                  use_extra_bufts=bool(use_extra_bufts), n_gpu_layers=int(n_gpu_layers),
+                                  flash_attn=-1 if flash_attn is None else int(bool(flash_attn)),
+                                  verbose=bool(verbose), background_share=background_share)
         self.n_threads = n_threads
         self.seed = seed
         self._closed = False
@@ -207,14 +224,19 @@ class Engine:
     # -- state ------------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters since the engine started: decode calls, batch rows by kind, batches that mixed
-        foreground and background rows, decode milliseconds, tokens per live sequence."""
+        foreground and background rows, the background share in effect and the steps background rows
+        sat out for lack of it, decode milliseconds, tokens per live sequence."""
         raw = self.native().stats()
         return {
             "decode_calls": int(raw["decode_calls"]),
             "failed_decodes": int(raw["failed_decodes"]),
+            "aborted_decodes": int(raw["aborted_decodes"]),
+            "aborted_ms": float(raw["aborted_ms"]),
             "rows": {"foreground": int(raw["rows_foreground"]), "background": int(raw["rows_background"]),
                      "probe": int(raw["rows_probe"])},
             "mixed_batches": int(raw["mixed_batches"]),
+            "background_share": float(raw["background_share"]),
+            "background_deferred_steps": int(raw["background_deferred_steps"]),
             "decode_ms": float(raw["decode_ms"]),
             "rebases": int(raw["rebases"]),
             "catch_up_rows": int(raw["catch_up_rows"]),

@@ -52,6 +52,14 @@ class CancelledError(EngineError):
     """The job was cancelled."""
 
 
+class RebaseSupersededError(EngineError):
+    """Another rebase of this sequence was committed first: this preparation is stale; prepare it again."""
+
+
+class RebaseNotPendingError(EngineError):
+    """This rebase was already committed, cancelled or failed: there is nothing to commit or measure."""
+
+
 class InvalidStateError(PyKVCompactError, ValueError):
     """Saved state (a sequence state blob, a session snapshot or log) is corrupt, cut short or not ours."""
 

@@ -89,7 +89,7 @@ def test_rebase_cancel_and_invalid_arguments(tiny_engine):
             s.prepare_rebase(0, [], 10, mode="magic")
         rb = s.prepare_rebase(5, text_tokens(tiny_engine, 300), 40)
         rb.cancel()
-        with pytest.raises(pk.EngineError, match="no longer pending"):
+        with pytest.raises(pk.RebaseNotPendingError, match="no longer pending"):
             s.commit_rebase(rb)
         assert s.tokens == toks and tiny_engine.used_cells() == used
         # truncating below the mark invalidates a preparation
@@ -252,3 +252,23 @@ def test_rows_per_step_is_checked(tiny_engine, bad):
         with pytest.raises(ValueError, match="rows_per_step"):
             job.set_rows_per_step(bad)
         job.result(timeout=30)
+
+
+def test_a_rebase_prepared_before_another_was_committed_is_superseded(tiny_engine):
+    """Two preparations of one sequence: committing the first makes the second stale. Waiting on it raises
+    the typed error (an EngineError too); committing it then says it is no longer pending; the sequence
+    keeps the first rebase's tokens."""
+    toks = text_tokens(tiny_engine, 60, seed=21)
+    with tiny_engine.sequence(toks) as s:
+        first = s.prepare_rebase(5, [7, 8, 9], 40)
+        second = s.prepare_rebase(5, [10, 11], 40)
+        first.wait()
+        s.commit_rebase(first)
+        after = list(s.tokens)
+        assert after == toks[:5] + [7, 8, 9] + toks[40:]
+        with pytest.raises(pk.RebaseSupersededError, match="superseded"):
+            second.wait(timeout=10)
+        with pytest.raises(pk.RebaseNotPendingError):
+            s.commit_rebase(second)
+        assert isinstance(pk.RebaseSupersededError("x"), pk.EngineError)
+        assert s.tokens == after

