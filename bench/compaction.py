@@ -1,4 +1,4 @@
-"""Compaction strategies side by side: the same scripted agent session (pykvcompact.agent_demo) run
+"""Compaction strategies side by side: the same scripted agent session (pykvcompact.cli.agent_demo) run
 once per policy mode on one engine, in one process, so the figures are comparable.
 
 For each mode: per-turn latency (median, p90, max: the max is the stall a user feels), the stall
@@ -20,7 +20,7 @@ import tempfile
 import time
 
 import pykvcompact as pk
-from pykvcompact.agent_demo import run_agent_demo
+from pykvcompact.cli.agent_demo import run_agent_demo
 
 
 def run_mode(eng, mode: str, args, history: str, k: int) -> dict:

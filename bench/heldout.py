@@ -158,7 +158,7 @@ def run_episode(engine, ep: Episode, mode: str, args, full_window: int, history_
     noted = [" ".join(e.lines) for e in events if e.name == "noted"]
     for a in answers:
         a["in_summaries"] = sum(contains(t, a["answer"]) for t in summaries)
-        a["in_notes"] = sum(contains(t, a["answer"]) for t in noted)   # the model's notes (sessions/notes.py)
+        a["in_notes"] = sum(contains(t, a["answer"]) for t in noted)   # the model's notes (compaction/summary/notes.py)
     reb = [e for e in events if e.name == "rebased"]
     names = {}
     for e in events:

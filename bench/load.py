@@ -1,6 +1,6 @@
 """Load and isolation: N agent conversations at once against the OpenAI-compatible server on loopback.
 
-Each conversation is a scripted agent (pykvcompact.agent_demo's tasks: a user request, a tool call, its
+Each conversation is a scripted agent (pykvcompact.cli.agent_demo's tasks: a user request, a tool call, its
 result, the model's answer) long enough to compact several times.  Every conversation is first run
 alone, then all of them at once; the run checks that every response is well formed, that each
 conversation's greedy replies under load equal its replies alone (isolation: no state leaks between
@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 import pykvcompact as pk
-from pykvcompact.agent_demo import TOOLS, _script
+from pykvcompact.cli.agent_demo import TOOLS, _script
 from pykvcompact.server import ServerConfig, ServerThread
 
 SYSTEM = "You are a careful coding agent working in a small repository. Answer in one or two short sentences."

@@ -1,4 +1,4 @@
-"""The model's notes (pykvcompact/sessions/notes.py), measured: right after a tool result, on a fork, does the
+"""The model's notes (pykvcompact/compaction/summary/notes.py), measured: right after a tool result, on a fork, does the
 model copy the lines of that output the task needs?  The shipped request and grammar, on three kinds of tool
 output written for this benchmark (none of them shaped like bench/eval's families, on which nothing here was
 tuned): service configs (TOML), application logs, and query results (CSV).  Each episode is a task stated in
@@ -24,8 +24,8 @@ import sys
 import time
 
 import pykvcompact as pk
-from pykvcompact.chat_template import ChatTemplate
-from pykvcompact.sessions.notes import MAX_NOTE_TOKENS, choices, grammar, note_request, noted_lines
+from pykvcompact.chat.template import ChatTemplate
+from pykvcompact.compaction.summary.notes import MAX_NOTE_TOKENS, choices, grammar, note_request, noted_lines
 
 WORDS = ["amber", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "krypton"]
 

@@ -33,10 +33,10 @@ import tempfile
 import time
 
 import pykvcompact as pk
-from pykvcompact.chat_template import ChatTemplate
+from pykvcompact.chat.template import ChatTemplate
 from pykvcompact.remote.llama_cpp_peer import server_command
-from pykvcompact.rubrics import load as load_rubric
-from pykvcompact.sessions.prober import PROBE_PROMPT
+from pykvcompact.compaction.rubrics import load as load_rubric
+from pykvcompact.compaction.prober import PROBE_PROMPT
 
 
 def start_server(model: str, threads: int, n_ctx: int):

@@ -7,14 +7,12 @@ forked sequence, and committed at the limit between two tokens.
 
 from __future__ import annotations
 
-from ._native_loader import LLAMA_CPP_PYTHON_VERSION
-from .engine import Engine, Sequence, physical_cores
-from .errors import (CancelledError, ContextFullError, EngineClosedError, EngineError, InvalidModelError, ModelNotFoundError,
-                     PyKVCompactError, SequenceBusyError, SequenceClosedError, SlotsExhaustedError,
-                     UnsupportedOperationError, InvalidStateError, StateMismatchError, RebaseSupersededError,
-                     RebaseNotPendingError)
-from .jobs import Job, Rebase
-from .models import list_models, resolve_model
+from .engine import LLAMA_CPP_PYTHON_VERSION, Engine, Job, Rebase, Sequence, physical_cores
+from .errors import (CancelledError, ContextFullError, EngineClosedError, EngineError, InvalidModelError,
+                     ModelNotFoundError, PyKVCompactError, SequenceBusyError, SequenceClosedError,
+                     SlotsExhaustedError, UnsupportedOperationError, InvalidStateError, StateMismatchError,
+                     RebaseSupersededError, RebaseNotPendingError)
+from .models.registry import list_models, resolve_model
 from .remote import RemoteEngine, RemoteError
 
 __version__ = "0.1.0"
@@ -29,7 +27,8 @@ __all__ = [
 
 # The policy layer (sessions, compaction): a failure to import it is a real error, never hidden.
 from . import events  # noqa: E402,F401
-from .policy import Policy  # noqa: E402,F401
-from .session import CHUNK_DONE, Session  # noqa: E402,F401
+from .compaction.policy import Policy  # noqa: E402,F401
+from .session.session import Session  # noqa: E402,F401
+from .session.turn import CHUNK_DONE  # noqa: E402,F401
 
 __all__ += ["Session", "Policy", "events", "CHUNK_DONE"]

@@ -47,7 +47,7 @@ class Probe(Event):
     reason: str = "model"          # "model" (label probabilities), "model+cue", or the rule that overrode it
     fill: float = 0.0
     trigger: str = "interval"      # "interval" | "tool_result"
-    cue: bool = False              # a structural cue held (sessions/cue.py); Policy.cue_weight was added
+    cue: bool = False              # a structural cue held (compaction/cue.py); Policy.cue_weight was added
     t: float = field(default_factory=time.time)
     name = "probe"
 
@@ -135,7 +135,7 @@ class HistorySearched(Event):
 class Recalled(Event):
     """A new message named things (``names``) that only the offloaded history held: the session placed
     ``lines`` of it (``tokens`` tokens, the ``search_history`` ranking) in the live context before the reply,
-    as a ``tool`` message flagged ``"recall": True`` (``sessions/recall.py``)."""
+    as a ``tool`` message flagged ``"recall": True`` (``compaction/recall.py``)."""
     names: List[str]
     lines: int
     tokens: int
@@ -147,7 +147,7 @@ class Recalled(Event):
 @dataclass
 class Noted(Event):
     """The model noted, on a fork in the background, which lines of the tool result at transcript index
-    ``message`` the task will need (``lines``, copied verbatim: ``sessions/notes.py``); a summary replacing
+    ``message`` the task will need (``lines``, copied verbatim: ``compaction/summary/notes.py``); a summary replacing
     that result keeps them with the priority of the assistant's own statements."""
     message: int
     lines: List[str]

@@ -24,10 +24,10 @@ _SUMMARIES = itertools.count(1)
 def default_responder(prompt: str) -> str:
     last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
     if "write a summary of the conversation" in last_user:
-        # a new fact each time, or the session stops asking the model (sessions/novelty.py)
+        # a new fact each time, or the session stops asking the model (compaction/summary/novelty.py)
         n = next(_SUMMARIES)
         return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
-    if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)   # a note (sessions/notes.py): its second line
+    if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)   # a note (compaction/summary/notes.py): its second line
         output = prompt.rsplit("<|im_start|>tool\n", 1)[-1].split("<|im_end|>", 1)[0]
         lines = [x.strip() for x in output.split("\n") if x.strip()]
         return lines[1] if len(lines) > 1 else ""

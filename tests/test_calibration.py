@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import calibration, models
-from pykvcompact.calibration import ProbeCalibration, ProbeSettings
+from pykvcompact.models import calibration, registry as models
+from pykvcompact.models.calibration import ProbeCalibration, ProbeSettings
 
 from fake_engine import FakeEngine
 
@@ -173,7 +173,7 @@ def test_settings_of_a_model_without_signal_out_of_family():
     class Local:
         model_name, model_path = "qwen2.5-coder-1.5b", "/x/qwen.gguf"
 
-    import pykvcompact.models as M
+    import pykvcompact.models.registry as M
     old = M.REGISTRY["qwen2.5-coder-1.5b"]
     M.REGISTRY["qwen2.5-coder-1.5b"] = dataclasses.replace(old, probe=cal)
     try:
@@ -278,7 +278,7 @@ def test_the_shipped_calibration_is_its_lofo_report():
 def test_a_probe_at_chance_held_out_is_not_asked_even_above_min_auc():
     """Issue 33: pooled AUC above MIN_AUC is not enough: held out, at a threshold that keeps false COMPRESS to
     10% on the families it was fit on, the probe must beat chance (calibration.MIN_HELD_OUT_J)."""
-    from pykvcompact.calibration import MIN_HELD_OUT_J, ProbeCalibration
+    from pykvcompact.models.calibration import MIN_HELD_OUT_J, ProbeCalibration
     weak = ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json", held_out_j=0.04)
     strong = ProbeCalibration(threshold=0.45, auc=0.68, points=150, source="x.json", held_out_j=0.3)
     assert not weak.has_signal and strong.has_signal and MIN_HELD_OUT_J == 0.2
@@ -286,7 +286,7 @@ def test_a_probe_at_chance_held_out_is_not_asked_even_above_min_auc():
 
 
 def test_the_default_model_ships_no_signal_held_out():
-    from pykvcompact.models import REGISTRY
+    from pykvcompact.models.registry import REGISTRY
     cal = REGISTRY["qwen2.5-coder-1.5b"].probe
     assert cal.held_out_j is not None and cal.held_out_j < 0.2 and not cal.has_signal
     assert set(cal.tuned_on) == {"code", "instructions", "ledger", "math", "search"}

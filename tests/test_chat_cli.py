@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import pykvcompact as pk
-from pykvcompact.chat_cli import ChatApp
-from pykvcompact.chat_ui import PlainUI
+from pykvcompact.cli.chat import ChatApp
+from pykvcompact.cli.chat_ui import PlainUI
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 import pykvcompact as pk
-from pykvcompact.chat_template import ChatTemplate, is_safe_cut, read_gguf_metadata
+from pykvcompact.chat.template import ChatTemplate, is_safe_cut, read_gguf_metadata
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
@@ -112,7 +112,7 @@ def test_incremental_tokens_equal_full_render_smollm_tokenizer(which, smollm_eng
 
 def test_incremental_tokens_equal_full_render_qwen_model(tmp_path):
     """With Qwen2.5-Coder's own tokenizer and template (skipped unless the joined GGUF is in the cache)."""
-    from pykvcompact import models
+    from pykvcompact.models import registry as models
     cached = list((models.cache_dir() / "models").glob("qwen2.5-coder-1.5b*.gguf"))
     if not cached:
         pytest.skip("Qwen2.5-Coder-1.5B is not joined in the cache")

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import policy as P
-from pykvcompact.sessions.cue import answered, structural_cue
+from pykvcompact.compaction import policy as P
+from pykvcompact.compaction.cue import answered, structural_cue
 
 from fake_engine import FakeEngine
 

@@ -133,7 +133,7 @@ def test_a_background_only_decode_cut_short_is_decoded_again(tiny_model_path):
         eng.close()
 
 
-def test_a_foreground_call_cuts_a_long_background_decode_short():
+def test_on_smollm_a_foreground_call_cuts_a_long_background_decode_short():
     """On a real model: a one-token foreground call made while a 64-row background chunk decodes does not
     wait for the whole chunk (it is aborted), and the background prefill still completes correctly."""
     if not SMOLLM_AVAILABLE:

@@ -110,7 +110,7 @@ def test_probe_with_shared_first_token_scores_full_labels(tiny_engine):
                 f.append(probe)
                 total = 0.0
                 for t in toks:
-                    total += float(pk.engine.log_softmax(f.logits())[t])
+                    total += float(pk.engine.sequence.log_softmax(f.logits())[t])
                     f.append([t])
                 ref.append(total)
         m = max(ref)

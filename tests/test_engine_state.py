@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import state as st
+from pykvcompact.engine import state as st
 from conftest import needs_smollm, text_tokens
 from test_engine_basics import FLASH_ATOL, assert_logits_close
 from tiny_archs import ARCHS

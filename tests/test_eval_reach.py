@@ -31,7 +31,7 @@ def test_the_recall_reaches_mid_output_facts_and_without_it_they_are_lost(smollm
     assert any(middle)
     # the same episode with the recall off (a budget of 0): the facts only in the middle of an output are
     # not in the context when asked (the summary lists a long output's last line only)
-    import pykvcompact.session as session_module
+    import pykvcompact.session.session as session_module
     monkeypatch.setattr(session_module, "default_recall_budget", lambda window: 0)
     without, cost = reach.replay(smollm_engine, episode, "hard", standard())
     assert cost["recalls"] == 0

@@ -60,7 +60,7 @@ def test_background_without_the_probe():
         parse(["--policies", "rubric+noprobe"])
     off, on = (make_policy(n, "ledger", Settings()) for n in ("background+noprobe", "background"))
     assert off.mode == on.mode == "background" and on.probe_on_tool_result and not off.probe_on_tool_result
-    import pykvcompact.policy as P
+    import pykvcompact.compaction.policy as P
     assert not P.probe_due(off, generated_since_probe=10 ** 6, tool_results_since_probe=50, after_tool_result=True)
     assert P.probe_due(on, tool_results_since_probe=1, after_tool_result=True)
 
@@ -96,7 +96,7 @@ def _consistent(m: dict) -> None:
 
 def test_smoke_run_on_smollm2(tmp_path):
     pytest.importorskip("matplotlib")
-    from pykvcompact.models import resolve_model
+    from pykvcompact.models.registry import resolve_model
     try:
         resolve_model("smollm2-135m")
     except Exception as exc:  # noqa: BLE001

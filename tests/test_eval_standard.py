@@ -71,7 +71,7 @@ def test_resume_keeps_the_matching_episodes_and_refuses_other_settings(tmp_path)
 
 def test_a_resumed_run_runs_only_what_is_missing(monkeypatch, tmp_path):
     import pykvcompact
-    import pykvcompact.models
+    import pykvcompact.models.registry
     from bench.eval import run
 
     ran = []
@@ -87,7 +87,7 @@ def test_a_resumed_run_runs_only_what_is_missing(monkeypatch, tmp_path):
             pass
 
     monkeypatch.setattr(pykvcompact, "Engine", Engine)
-    monkeypatch.setattr(pykvcompact.models, "resolve_model", lambda name: "model.gguf")
+    monkeypatch.setattr(pykvcompact.models.registry, "resolve_model", lambda name: "model.gguf")
     monkeypatch.setattr(run, "infeasible", lambda *a: "")
     monkeypatch.setattr(run, "run_episode", lambda engine, ep, pol, s, h: ran.append((ep.family, ep.seed, pol))
                         or _episode(ep.family, ep.seed, pol))

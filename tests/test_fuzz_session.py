@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, example, given, settings, strategies 
 
 import pykvcompact as pk
 from pykvcompact import errors, events
-from pykvcompact.sessions.persist import MAGIC
+from pykvcompact.session.persist import MAGIC
 
 from fake_engine import FakeEngine
 from test_session_logic import check_invariants, make

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from pykvcompact.history import HistoryFile, check_session_id
+from pykvcompact.session.history_file import HistoryFile, check_session_id
 
 
 def test_append_is_verbatim_and_ordered(tmp_path):

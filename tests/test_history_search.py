@@ -7,7 +7,7 @@ import json
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import history_search
+from pykvcompact.compaction.tools import history_search
 
 from fake_engine import FakeEngine, default_responder
 
@@ -400,7 +400,7 @@ def test_server_streams_after_compact_calls_code_and_a_search_with_a_client_call
 def test_a_result_line_is_ranked_by_what_its_call_names_too():
     """Issue 33: the value line of a config ("max_pool_size = 41") does not repeat the file's path; its call
     does. The question naming both finds the line of the right file first."""
-    from pykvcompact.history_search import search
+    from pykvcompact.compaction.tools.history_search import search
     msgs = []
     for i, svc in enumerate(["auth", "billing", "search"]):
         msgs.append((2 * i, {"role": "assistant", "content": None, "tool_calls": [
@@ -415,7 +415,7 @@ def test_a_result_line_is_ranked_by_what_its_call_names_too():
 
 def test_a_repeated_call_id_names_the_nearest_call_before_the_result():
     """Review: with ids reused (call_0 after a restart), the call weighting used the newest call of the id."""
-    from pykvcompact.history_search import search
+    from pykvcompact.compaction.tools.history_search import search
     msgs = []
     for k, (svc, value) in enumerate((("auth", 47), ("billing", 12))):
         msgs.append((2 * k, {"role": "assistant", "content": None, "tool_calls": [

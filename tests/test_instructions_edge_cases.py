@@ -6,8 +6,8 @@ import re
 
 import pykvcompact as pk
 from pykvcompact import errors
-from pykvcompact.policy import summary_message_budget
-from pykvcompact.sessions.swap import Swap
+from pykvcompact.compaction.policy import summary_message_budget
+from pykvcompact.compaction.swap import Swap
 
 from fake_engine import FakeEngine, default_responder
 

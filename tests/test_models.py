@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from pykvcompact import models
+from pykvcompact.models import registry as models
 from pykvcompact.errors import InvalidModelError, ModelNotFoundError
 
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from pykvcompact._native_loader import native
+from pykvcompact.engine import native
 
 STUB = pathlib.Path(__file__).resolve().parents[1] / "pykvcompact" / "_native.pyi"
 

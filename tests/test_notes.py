@@ -1,10 +1,10 @@
-"""The model's notes (sessions/notes.py): right after a tool result, on a fork in the background, the model
+"""The model's notes (compaction/summary/notes.py): right after a tool result, on a fork in the background, the model
 copies the lines of that output the task needs; a summary replacing the output keeps them first."""
 from __future__ import annotations
 
 import pykvcompact as pk
-from pykvcompact.sessions import notes as N
-from pykvcompact.sessions import results as R
+from pykvcompact.compaction.summary import notes as N
+from pykvcompact.compaction.summary import results as R
 
 from fake_engine import FakeEngine
 

@@ -17,8 +17,8 @@ import pytest
 
 import pykvcompact as pk
 from pykvcompact import errors
-from pykvcompact.session import ContextWindowError
-from pykvcompact.sessions import journal, persist
+from pykvcompact.session.session import ContextWindowError
+from pykvcompact.session import journal, persist
 
 from fake_engine import FakeEngine
 from test_session_logic import check_invariants, make, user_msg
@@ -96,7 +96,7 @@ def test_a_log_removed_under_a_live_session_refuses_its_writes(tmp_path):
 
 @pytest.mark.parametrize("fault", ["reply_record", "undo_record"])
 def test_one_failed_log_write_keeps_the_log_loadable(fault, tmp_path, monkeypatch):
-    from pykvcompact.sessions.context import Context
+    from pykvcompact.session.context import Context
 
     eng, s = make("hard", tmp_path=tmp_path)
     for i in range(3):

@@ -8,9 +8,9 @@ import matplotlib.image
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import cli
-from pykvcompact.plots import plot_timeline
-from pykvcompact.timeline import Timeline
+from pykvcompact.cli import main as cli
+from pykvcompact.timeline.plots import plot_timeline
+from pykvcompact.timeline.record import Timeline
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_empty_timeline_is_an_error(tmp_path):
 
 def test_agent_plot_command(tiny_path, tmp_path, monkeypatch, capsys):
     """The CLI records whatever session the demo creates; a short stand-in demo keeps the test quick."""
-    import pykvcompact.agent_demo as demo
+    import pykvcompact.cli.agent_demo as demo
 
     def short_demo(model=None, turns=2, window=1024, mode="background", out=print, **kw):
         eng = pk.Engine(model, n_ctx=4096, n_seq_max=8, n_threads=1)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pykvcompact as pk
-from pykvcompact import policy as P
-from pykvcompact import rubrics
+from pykvcompact.compaction import policy as P
+from pykvcompact.compaction import rubrics
 
 
 def test_defaults_match_the_spec():

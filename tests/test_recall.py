@@ -1,4 +1,4 @@
-"""Recall (sessions/recall.py): a new user message or tool call that names something only the offloaded
+"""Recall (compaction/recall.py): a new user message or tool call that names something only the offloaded
 history holds brings its best lines (the search_history ranking) back into the live context before the
 reply, within a small budget, as a flagged tool message — and nothing happens otherwise."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ import time
 import pytest
 
 import pykvcompact as pk
-from pykvcompact import events as ev, history_search
-from pykvcompact.session import ContextWindowError
-from pykvcompact.sessions import names as naming, recall
+from pykvcompact import events as ev
+from pykvcompact.compaction.tools import history_search
+from pykvcompact.session.session import ContextWindowError
+from pykvcompact.compaction import names as naming, recall
 
 from fake_engine import FakeEngine, default_responder
 

@@ -3,9 +3,9 @@ message (the model's or the fallback), carried from summary to summary, within t
 from __future__ import annotations
 
 import pykvcompact as pk
-from pykvcompact.summarizer import Summarizer
-from pykvcompact.policy import summary_message_budget
-from pykvcompact.sessions import results as R
+from pykvcompact.compaction.summary.summarizer import Summarizer
+from pykvcompact.compaction.policy import summary_message_budget
+from pykvcompact.compaction.summary import results as R
 
 from fake_engine import FakeEngine
 
@@ -240,7 +240,7 @@ def test_after_a_summary_missed_the_edge_the_next_is_sized_to_the_measured_pace(
     assert all(e.attempt == 0 for e in skipped)   # the model was not asked
     # the model is asked again, uncapped, after RETRY_AFTER_SKIPS summaries without it (its pace may have
     # changed): only those attempts can still be abandoned at the edge
-    from pykvcompact.sessions.background import RETRY_AFTER_SKIPS
+    from pykvcompact.compaction.background import RETRY_AFTER_SKIPS
     assert len(failed(s, "max_stall")) - n <= len(skipped) // RETRY_AFTER_SKIPS + 1
     after = [e for e in s.events if e.name == "rebased"][-1]
     assert after.fallback and after.prepared
@@ -322,7 +322,7 @@ def test_a_pinned_tool_output_is_not_listed_twice(tmp_path):
 
 
 def test_retries_of_a_model_that_keeps_missing_the_edge_back_off(tmp_path):
-    from pykvcompact.sessions.background import RETRY_AFTER_SKIPS
+    from pykvcompact.compaction.background import RETRY_AFTER_SKIPS
     eng, s = background(tmp_path)
     eng.bg_polls = 10 ** 6   # the model never finishes in time
     meter = s._compactor.meter

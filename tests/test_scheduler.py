@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pykvcompact as pk
-from pykvcompact.sessions import scheduler as S
+from pykvcompact.compaction import scheduler as S
 
 rates = st.builds(S.Rates,
                   growth_tok_s=st.one_of(st.none(), st.floats(1, 5000)),

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import pykvcompact as pk
-from pykvcompact.sessions import journal
+from pykvcompact.session import journal
 
 
 
@@ -74,7 +74,7 @@ def test_a_full_disk_under_the_log_refuses_the_message_and_changes_nothing(eng, 
 
 
 def test_an_unwritable_history_file_fails_the_compaction_not_the_session(eng, tmp_path, monkeypatch):
-    from pykvcompact.history import HistoryFile
+    from pykvcompact.session.history_file import HistoryFile
     s = session(eng, tmp_path, "h", mode="hard")
     real = HistoryFile.append
 

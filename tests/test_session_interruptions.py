@@ -119,7 +119,7 @@ def test_a_prepared_rebase_is_released_when_the_swap_is_interrupted(tmp_path, mo
 
 
 def test_a_retried_summary_attempt_gets_the_preparations_rows(tmp_path, monkeypatch):
-    from pykvcompact.summarizer import Summarizer
+    from pykvcompact.compaction.summary.summarizer import Summarizer
     grants, jobs = {}, []
     monkeypatch.setattr(fake_engine.FakeJob, "set_rows_per_step", lambda self, n: grants.__setitem__(id(self), n),
                         raising=False)

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pykvcompact as pk
-from pykvcompact import compaction_tool, events
-from pykvcompact.chat_template import ChatTemplate
-from pykvcompact.summarizer import FAILURES
+from pykvcompact.compaction.tools import compact as compaction_tool
+from pykvcompact import events
+from pykvcompact.chat.template import ChatTemplate
+from pykvcompact.compaction.summary.summarizer import FAILURES
 
 from fake_engine import FakeEngine, default_responder
 

@@ -140,7 +140,7 @@ def test_issue7_scenario_no_drops_and_no_stall_past_max_stall(smollm_engine, tmp
     """The scenario of issue 7: window 1024, `background`, 22 agent turns (tool results up to ~220 tokens),
     no pause between turns: no dropped turn, and every swap either prepared or fallen back after waiting
     at most max_stall_ms (the worst stall is in the events)."""
-    from pykvcompact.agent_demo import run_agent_demo
+    from pykvcompact.cli.agent_demo import run_agent_demo
     lines = []
     before = smollm_engine.used_cells()
     r = run_agent_demo(engine=smollm_engine, turns=22, window=1024, mode="background", history_dir=str(tmp_path),
@@ -156,7 +156,7 @@ def test_issue7_scenario_no_drops_and_no_stall_past_max_stall(smollm_engine, tmp
 
 
 def test_two_window_1024_sessions_fit_on_n_ctx_4096(smollm_engine, tmp_path):
-    from pykvcompact.agent_demo import TOOLS
+    from pykvcompact.cli.agent_demo import TOOLS
     assert smollm_engine.n_ctx == 4096
     sessions = [pk.Session(smollm_engine, system="You are a careful coding agent.", tools=TOOLS, history_dir=tmp_path,
                            policy=pk.Policy(mode="background", window=1024), session_id=f"two-{k}") for k in range(2)]

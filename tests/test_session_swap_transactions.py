@@ -9,6 +9,7 @@ import pytest
 
 import pykvcompact as pk
 from pykvcompact import errors, events
+from pykvcompact.compaction.tools import compact as compaction_tool
 
 from fake_engine import FakeEngine, default_responder
 from test_session_logic import check_invariants, make, names, user_msg
@@ -130,7 +131,7 @@ def test_bug6_prepared_means_no_wait(tmp_path):
 def test_bug7_fixed_mode_tool_and_early_rubric_verdicts(tmp_path):
     eng, s = make("fixed", tmp_path=tmp_path, compact_tool=True, window=4000, n_ctx=12000)
     fill_to(s, int(0.25 * s.window))                 # above 0.5 x fixed_at, below fixed_at
-    assert s.call_tool() != pk.compaction_tool.NOTHING_TO_COMPACT
+    assert s.call_tool() != compaction_tool.NOTHING_TO_COMPACT
     eng, s = make("rubric", tmp_path=tmp_path, probe_fn=lambda t: 0.9, window=2000)
     for i in range(20):  # COMPRESS every time: compacts as soon as the probe floor is passed
         s.chat(user_msg(i), max_tokens=16)
@@ -202,7 +203,7 @@ def test_bug10_compact_in_mode_none_has_cells_for_its_fork(tmp_path):
 def test_a_late_summary_falls_back_onto_a_prefilled_context(tmp_path, monkeypatch):
     """Above hard with the summary still being written, the fallback's context is prefilled too, so the
     swap at the window edge commits it instead of prefilling after the wait."""
-    from pykvcompact.sessions.swap import Swap
+    from pykvcompact.compaction.swap import Swap
     used = []
     real = Swap._build
 

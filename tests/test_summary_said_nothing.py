@@ -4,8 +4,8 @@ summaries in a row the model is not asked (the extractive summary serves) until 
 from __future__ import annotations
 
 import pykvcompact as pk
-from pykvcompact.sessions.novelty import informative, novel_words, says_something_new
-from pykvcompact.sessions.summaries import ASK_AGAIN_AFTER, SAID_NOTHING_LIMIT
+from pykvcompact.compaction.summary.novelty import informative, novel_words, says_something_new
+from pykvcompact.compaction.summary.summaries import ASK_AGAIN_AFTER, SAID_NOTHING_LIMIT
 from fake_engine import FakeEngine
 from test_results import call, out
 from test_session_logic import check_invariants, make, user_msg
@@ -176,7 +176,8 @@ def test_the_tool_asks_the_model_even_over_a_preparation_written_without_it(tmp_
 
 
 def test_the_extractive_summary_does_not_repeat_a_request_the_message_carries_whole():
-    from pykvcompact.summarizer import LAST_REQUEST, NEXT_STEP_LINE, fallback_summary, without_repeated_requests
+    from pykvcompact.compaction.summary.summarizer import (LAST_REQUEST, NEXT_STEP_LINE, fallback_summary,
+                                                           without_repeated_requests)
     msgs = [{"role": "user", "content": "Sub-goal 5: settle  ACC-8546."}, {"role": "assistant", "content": "ok"}]
     text = fallback_summary(msgs)
     assert LAST_REQUEST in text
@@ -213,9 +214,9 @@ def test_a_smaller_swap_that_drops_the_kept_request_keeps_its_line(tmp_path, mon
     # (from the review) the pool too full for the planned swap: the smallest one keeps no message verbatim,
     # and the extractive summary's "Last user request" line is then the request's only copy
     from pykvcompact import errors
-    from pykvcompact.summarizer import Summarizer
-    from pykvcompact.sessions.swap import Swap
-    import pykvcompact.sessions.summaries as S
+    from pykvcompact.compaction.summary.summarizer import Summarizer
+    from pykvcompact.compaction.swap import Swap
+    import pykvcompact.compaction.summary.summaries as S
     levels, replacement, build = {}, S.SummaryMaker.replacement, Swap._build
 
     def at_level(self, mark, summary, level=0):
@@ -251,7 +252,7 @@ def test_a_smaller_swap_that_drops_the_kept_request_keeps_its_line(tmp_path, mon
 def test_a_reply_of_none_is_not_lost_by_the_extractive_summary(tmp_path):
     # (from the review) "None." is no standing instruction (split_standing drops "none" lines), so the
     # request line is its only copy once it leaves the kept messages
-    from pykvcompact.summarizer import LAST_REQUEST, Summarizer
+    from pykvcompact.compaction.summary.summarizer import LAST_REQUEST, Summarizer
     s = pk.Session(FakeEngine(n_ctx=16384), system="You are an agent.", history_dir=tmp_path, session_id="n",
                    summarizer=Summarizer(faults=["exception"] * 500),
                    policy=pk.Policy(mode="hard", window=1000, compact_tool=False, history_tool=False,

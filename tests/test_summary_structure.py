@@ -3,7 +3,7 @@ summary or the user's words to make room, and a user message repeated turn after
 from __future__ import annotations
 
 import pykvcompact as pk
-from pykvcompact.sessions import results as R
+from pykvcompact.compaction.summary import results as R
 
 from fake_engine import FakeEngine
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pykvcompact.tool_calls import parse_tool_calls
+from pykvcompact.chat.tool_calls import parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "read_file"}}, {"type": "function", "function": {"name": "compact_conversation"}}]
 

@@ -99,7 +99,7 @@ def _tokenizer_fields_cached(path: str, size: int, mtime_ns: int) -> Tuple[Tuple
 def tokenizer_fields(source: Union[str, os.PathLike, None] = None) -> Dict[str, Field]:
     """``tokenizer.ggml.*`` and ``tokenizer.chat_template`` of ``source`` (default: SmolLM2-135M)."""
     if source is None:
-        from pykvcompact.models import resolve_model
+        from pykvcompact.models.registry import resolve_model
 
         source = resolve_model("smollm2-135m")
     st = os.stat(source)

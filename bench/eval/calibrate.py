@@ -9,14 +9,14 @@ family: ROC AUC of p(COMPRESS) for boundary against mid points, and the threshol
 them (Youden's J).  Variants: each rubric's wording (the family's own, ``default``, ``boundary``), the
 score relative to the episode's running mean of earlier probes instead of the raw probability, and the
 score the session's verdict compares (``+cue``): p(COMPRESS) plus ``Policy.cue_weight`` at a structural cue
-(``pykvcompact/sessions/cue.py``: the assistant answered without a tool call, or a user message arrived
+(``pykvcompact/compaction/cue.py``: the assistant answered without a tool call, or a user message arrived
 since the last probe; never the wording of a tool's output).  The cue depends only on the episode's
 script, so ``--rescore`` adds it to an earlier run's points without any model.
 
 ``--lofo FILE``: leave-one-family-out on stored points (no model): for each family, the threshold (Youden's
 J) is fit on the other families and the held-out family's AUC and TPR/FPR at that threshold are reported,
 then pooled over the held-out families; for p alone and for p + the structural cue.  Its JSON goes to
-``bench/results/<name>-lofo.json``; the registry (``pykvcompact/models.py``) takes its figures by hand.
+``bench/results/<name>-lofo.json``; the registry (``pykvcompact/models/registry.py``) takes its figures by hand.
 """
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def relative(series: List[float], k: int = 4) -> List[float]:
 
 def probe_points(engine, ep, settings: Settings, history_dir: str, variants=VARIANTS) -> List[dict]:
     import pykvcompact as pk
-    from pykvcompact import rubrics
-    from pykvcompact.sessions.prober import LABELS, PROBE_PROMPT
-    from pykvcompact.sessions.cue import structural_cue
+    from pykvcompact.compaction import rubrics
+    from pykvcompact.compaction.prober import LABELS, PROBE_PROMPT
+    from pykvcompact.compaction.cue import structural_cue
 
     from .environment import Environment
 
@@ -227,7 +227,7 @@ def structural_cues(points: List[dict], window: int) -> Dict[tuple, str]:
     messages (a user turn where the step opens a sub-goal).  Roles do not depend on the episode's sizing
     (rows per page), so the episode is built at its default size; its labels are checked against the
     points'."""
-    from pykvcompact.sessions.cue import structural_cue
+    from pykvcompact.compaction.cue import structural_cue
 
     from .environment import Environment
     from .episode import Size
@@ -258,7 +258,7 @@ def with_structural(points: List[dict], window: int) -> List[dict]:
 
 def main(argv=None) -> int:
     import pykvcompact as pk
-    from pykvcompact.models import resolve_model
+    from pykvcompact.models.registry import resolve_model
 
     ap = argparse.ArgumentParser(prog="python -m bench.eval.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -354,7 +354,7 @@ def lofo_main(path: str, out: Optional[str] = None) -> int:
     points = with_structural(data["points"], meta["window"])
     rep = lofo_report(points)
     import pykvcompact as pk
-    from pykvcompact.calibration import MIN_AUC
+    from pykvcompact.models.calibration import MIN_AUC
     out = out or (path[:-5] if path.endswith(".json") else path) + "-lofo.json"
     cues = {c: sum(p["structural"] == c for p in points) for c in ("answered", "user", "")}
     doc = {"meta": {"source": path, "model": meta.get("model"), "window": meta.get("window"),

@@ -189,7 +189,7 @@ from .agent_families import AGENT_FAMILIES  # noqa: E402  (they share SYSTEM and
 
 # What was tuned on is reported apart from what was not (issue 33 allows the old families and at most two
 # new ones).  The wording of the first five was what the summary's and the probe's heuristics were once fit
-# to.  Coding and research were used to shape the recall's evidence rule (sessions/recall.py: which lines
+# to.  Coding and research were used to shape the recall's evidence rule (compaction/recall.py: which lines
 # rival the live context, excerpts of long lines, the recall budget; 2026-12-07).  Nothing was tuned on
 # support and data: they are the held-out families.
 TUNED_ON = ("ledger", "search", "code", "math", "instructions", "coding", "research")

@@ -29,7 +29,7 @@ def _setting(settings: dict, key: str, default):
     """A run's value of a compared setting; keep_recent None is the policy's default (the same episodes)."""
     value = settings.get(key, default)
     if key == "keep_recent" and value is None:
-        from pykvcompact.policy import Policy
+        from pykvcompact.compaction.policy import Policy
         return Policy().keep_recent
     return value
 

@@ -140,7 +140,7 @@ def summarize(results: List[dict]) -> dict:
         "search_found": sum(r.get("search_found", 0) for r in results),
         "probe_auc": auc([p["p"] for p in probes if p["label"] == "boundary"],
                          [p["p"] for p in probes if p["label"] == "mid"]),
-        # what the verdict compares: p(COMPRESS) plus Policy.cue_weight at a structural cue (sessions/cue.py)
+        # what the verdict compares: p(COMPRESS) plus Policy.cue_weight at a structural cue (compaction/cue.py)
         "probe_auc_cue": auc([p.get("score", p["p"]) for p in probes if p["label"] == "boundary"],
                              [p.get("score", p["p"]) for p in probes if p["label"] == "mid"]),
         "compactions_by_trigger": dict(sorted(_counts(c["trigger"] for c in comps).items())),

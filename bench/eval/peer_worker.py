@@ -59,7 +59,7 @@ def run_peer_episode(llm, template, ep: Episode, job: dict) -> dict:
 
 
 def main(job_path: str, out_path: str) -> None:
-    from pykvcompact.chat_template import ChatTemplate
+    from pykvcompact.chat.template import ChatTemplate
     from pykvcompact.remote.llama_cpp_peer import load_llama, setting_line
 
     job = json.load(open(job_path))

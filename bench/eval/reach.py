@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows and the table here")
     args = ap.parse_args(argv)
     import pykvcompact as pk
-    from pykvcompact.models import resolve_model
+    from pykvcompact.models.registry import resolve_model
 
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]

@@ -22,7 +22,7 @@ class Recorder:
         self.stalls_ms: List[float] = []
         self.timeline: List[dict] = []
         self.events: List[dict] = []
-        self.notes: List[dict] = []      # the model's notes (sessions/notes.py) and the facts they carried
+        self.notes: List[dict] = []      # the model's notes (compaction/summary/notes.py) and the facts they carried
         self._ready_text: Optional[str] = None   # the model's last summary, until a swap uses it
         self._gone_facts: set = set()
         self._swaps: List[tuple] = []            # per swap not yet read: (the model's text or None, span facts)

@@ -16,7 +16,7 @@ from .sizing import fit
 def run_all(args, settings: Settings, history_dir: str, log: Callable[[str], None],
             checkpoint: Callable[[List[dict]], None] = lambda results: None, previous: List[dict] = ()) -> List[dict]:
     import pykvcompact as pk
-    from pykvcompact.models import resolve_model
+    from pykvcompact.models.registry import resolve_model
 
     threads = args.threads or os.cpu_count() or 1
     model_path = str(resolve_model(args.model))

@@ -3,7 +3,8 @@ caching (vLLM, SGLang, llama-server, llama-cpp-python's server).  See :mod:`.eng
 from __future__ import annotations
 
 from .engine import RemoteEngine
-from .errors import RemoteConnectionError, RemoteDisconnectedError, RemoteError, RemoteHTTPError, RemoteProtocolError, RemoteTimeoutError
+from .errors import (RemoteConnectionError, RemoteDisconnectedError, RemoteError, RemoteHTTPError,
+                     RemoteProtocolError, RemoteTimeoutError)
 from .jobs import RemoteJob, RemoteRebase
 from .local_tokenizer import LocalTokenizer
 from .sequence import RemoteSequence

@@ -1,4 +1,4 @@
-"""``RemoteEngine``: the engine protocol of :mod:`pykvcompact.sessions.port` over an OpenAI-compatible
+"""``RemoteEngine``: the engine protocol of :mod:`pykvcompact.engine.port` over an OpenAI-compatible
 server with prefix caching (vLLM, SGLang, llama-server, llama-cpp-python's server).
 
     eng = pk.RemoteEngine("http://127.0.0.1:8000/v1", "qwen2.5-coder-1.5b", tokenizer="qwen2.5-coder-1.5b")
@@ -110,7 +110,7 @@ class RemoteEngine:
 
     # Each request gets the server's whole context: sessions on one RemoteEngine do not share a cell pool
     # here (the server's own KV is shared with all its clients and managed by its cache), so the sessions'
-    # reservations are not added up (sessions/sizing.py).
+    # reservations are not added up (session/sizing.py).
     cells_shared = False
 
     @property

@@ -22,7 +22,7 @@ class LocalTokenizer:
 
     def __init__(self, model):
         import llama_cpp
-        from ..models import resolve_model
+        from ..models.registry import resolve_model
         self._ll = llama_cpp
         self.path = str(resolve_model(model) if not os.path.exists(str(model)) else model)
         params = llama_cpp.llama_model_default_params()

@@ -33,7 +33,7 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
 def from_exception(exc: BaseException) -> APIError:
     """Map a library exception to the status a client can act on."""
     from .. import errors as e
-    from ..session import ContextWindowError
+    from ..session.session import ContextWindowError
 
     if isinstance(exc, APIError):
         return exc

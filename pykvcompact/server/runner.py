@@ -28,7 +28,7 @@ def session_id_for(conversation_id: str) -> str:
 
 
 def policy_for(config: ServerConfig):
-    from ..policy import Policy
+    from ..compaction.policy import Policy
     kw = dict(mode=config.mode, window=config.window, rubric=config.rubric,
               summary_max_tokens=config.summary_max_tokens, chunk_tokens=config.chunk_tokens)
     kw.update(config.policy_overrides)
@@ -37,7 +37,7 @@ def policy_for(config: ServerConfig):
 
 def session_capacity(config: ServerConfig, n_ctx: int, n_seq_max: int) -> int:
     """Live sessions that fit in the engine's cells and sequences at their worst moment."""
-    from ..policy import reserve_cells
+    from ..compaction.policy import reserve_cells
     policy = policy_for(config)
     cells = config.window + reserve_cells(policy, config.window, probe_tokens=PROBE_PROMPT_TOKENS,
                                           summarizer_tokens=SUMMARIZER_PROMPT_TOKENS)
@@ -65,7 +65,7 @@ def check_sessions(config: ServerConfig, make_session) -> None:
 def build(config: ServerConfig, engine=None):
     """``(app, engine, registry)``; an ``engine`` passed in is used (and not closed by the server)."""
     from ..engine import Engine
-    from ..session import Session
+    from ..session.session import Session
     from .app import create_app
 
     policy_for(config)  # a bad mode/rubric fails before the model loads

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Iterator, List, Optional, Union
 
-from ..session import CHUNK_DONE
+from ..session.turn import CHUNK_DONE
 from .conversation import Conversation
 from .errors import APIError, bad_request, from_exception
 from .messages import is_prefix, keys_of, to_session_message

@@ -1,0 +1,430 @@
+"""Building summaries of the live history: the summarizer prompt on a fork, the summary message that
+replaces the history (kept user messages, carried facts, the new summary) and its tokens."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from ... import events as ev
+from ...chat.template import common_prefix_len
+from ..policy import summary_budget
+from .summarizer import (FIRST_HEADING, FIRST_REQUEST, LAST_REQUEST, SUMMARY_HEADER, fallback_summary,
+                         looks_like_tool_call, summarizer_request, without_repeated_requests)
+from ...session.context import Context
+from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
+                     message_text, plan_kept, split_standing, trim_lines, trim_standing)
+from ...session.ledger import Ledger
+from .novelty import informative, says_something_new
+from ...chat.messages import view_of
+from . import results as res
+from ...models.calibration import notes_help
+from .notes import NoteTaker
+from .job import Summary, SummaryJob
+from ...engine.port import free_cells
+from ..swap import Replacement
+
+
+MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
+SEARCH_POINTER = " search_history looks up any detail not listed here."
+MIN_MODEL_TOKENS = 32   # a model summary shorter than this is not worth its prompt's prefill
+# A model whose summaries say nothing new (novelty.py) is not asked after this many in a row, and asked again
+# after ASK_AGAIN_AFTER summaries without it (the history may hold more by then); each re-ask that says
+# nothing again doubles the wait, up to ASK_AGAIN_MAX.  Measured on Qwen2.5-Coder-1.5B: each of its summaries
+# slowed the conversation's steps about threefold for three to five steps, and 21 of 21 said nothing new.
+SAID_NOTHING_LIMIT = 2
+ASK_AGAIN_AFTER = 3
+ASK_AGAIN_MAX = 24
+
+
+@dataclass
+class Plan:
+    """What a summary of ``entries[n_prefix:mark]`` is made of, besides the model's text."""
+    kept: list        # messages kept verbatim (Candidates)
+    overflow: list    # user messages over budget (handed to the summarizer)
+    carried: str      # the earlier summaries' text, carried forward
+    standing: list    # the earlier summaries' standing instructions (carried with priority)
+    results: list     # key results: the earlier summaries' list, then the span's own (results.py)
+    left_out: int = 0  # results the earlier summaries left out for space (the next one still says so)
+    prior: list = dataclasses.field(default_factory=list)   # the lines the earlier summaries listed
+
+
+class SummaryMaker:
+    def __init__(self, ctx: Context, ledger: Ledger, policy, limits, summarizer, emit):
+        self.ctx, self.ledger, self.policy, self.limits = ctx, ledger, policy, limits
+        self.summarizer, self.emit = summarizer, emit
+        self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
+        self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
+        self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
+        self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
+        self.searchable = False   # the session offers search_history (the summary says so)
+        self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
+        self.not_asked = 0        # summaries written without the model since it was last asked
+        self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
+        # what the model noted of each tool result (journaled: kept across save/load)
+        # (Policy(notes=None) takes none on a model measured to note nothing useful: calibration.notes_help)
+        takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
+        self.notes = NoteTaker(ctx, emit, takes, lambda tidx, lines: ledger.journal.note(tidx, lines), self._task)
+
+    def describe(self, msg: dict) -> Optional[dict]:
+        """What summary ``msg`` holds, for the log (JSON)."""
+        meta = self.meta.get(id(msg))
+        if meta is None:
+            return None
+        return {"kept": [dataclasses.asdict(c) for c in meta.kept], "body": meta.body, "standing": meta.standing,
+                "results": meta.results, "left_out": meta.left_out,
+                "model": {"said_nothing": self.said_nothing, "not_asked": self.not_asked}}
+
+    def restore(self, msg: dict, described: Optional[dict]) -> None:
+        if described:
+            self.meta[id(msg)] = SummaryMeta([Candidate(**c) for c in described.get("kept", [])],
+                                             described.get("body", ""), list(described.get("standing") or []),
+                                             [str(x) for x in described.get("results") or []],
+                                             int(described.get("left_out") or 0))
+            model = described.get("model")
+            if isinstance(model, dict):   # (the newest summary's counters win: restored in log order)
+                self.said_nothing = int(model.get("said_nothing") or 0)
+                self.not_asked = int(model.get("not_asked") or 0)
+
+    # ------------------------------------------------------------------ what is kept
+    def _task(self) -> str:
+        """The first user message's text (the task a note is asked about), "" before there is one."""
+        i = self._first_user()
+        content = self.ledger.transcript[i].get("content") if i is not None else ""
+        return content if isinstance(content, str) else ""
+
+    def _first_user(self) -> Optional[int]:
+        return next((i for i, m in enumerate(self.ledger.transcript)
+                     if m.get("role") == "user" and not m.get("summary")), None)
+
+    def plan(self, mark: int) -> Plan:
+        """What a summary of ``entries[n_prefix:mark]`` carries: the messages kept verbatim, the user
+        messages over budget (handed to the summarizer), the earlier summaries' text, their standing
+        instructions and their key results (carried forward with priority), then the span's own results."""
+        first = self._first_user()
+        cands, carried, standing, results, span, left_out = [], [], [], [], [], 0
+        for e in self.ctx.entries[self.ctx.n_prefix:mark]:
+            if e.summary:
+                meta = self.meta.get(id(e.msg), SummaryMeta())
+                # a message kept here as a plain user message may have been pinned since: it is one now
+                cands.extend(dataclasses.replace(c, pinned=True) if self.ledger.is_pinned(c.tidx) else c
+                             for c in meta.kept)
+                old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
+                standing.extend(meta.standing + old)
+                results.extend(meta.results)
+                left_out += meta.left_out
+                carried.append(body)
+                continue
+            if not self.ledger.is_pinned(e.tidx):   # a pinned message is kept whole: no need to list its lines
+                span.append((e.tidx, e.msg))
+            if e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
+                text = message_text(e.msg)
+                pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
+                cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
+                                       pinned, e.tidx == first))
+        cands.extend(self._pinned_elsewhere(cands))
+        if self.tight:
+            kept, overflow = plan_kept(cands, 0, must_limit=0)
+        else:
+            kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
+        found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
+        carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
+        return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
+                    list(results))
+
+    def results_share(self, results: List[str]) -> int:
+        """Tokens of the summary text budget the copied lines take from the model's summary (at most a
+        quarter: the model writes the rest; the lines also get what the other parts leave)."""
+        if not results:
+            return 0
+        need = len(self.ctx.tok(res.section(results)))
+        return min(need, self.text_budget() // 4)
+
+    def _pinned_elsewhere(self, cands) -> List[Candidate]:
+        """Messages pinned after they left the live context: they come back verbatim in this summary."""
+        held = {c.tidx for c in cands} | {e.tidx for e in self.ctx.entries if not e.summary}
+        for e in self.ctx.entries:
+            if e.summary:
+                held.update(c.tidx for c in self.meta.get(id(e.msg), SummaryMeta()).kept)
+        out = []
+        for i in sorted(self.ledger.pinned - held):
+            m = self.ledger.transcript[i]
+            text = message_text(m)
+            out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, True, False))
+        return out
+
+    def room(self) -> int:
+        """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most the
+        policy's :class:`~..policy.SummaryBudget` (the cells reserved for it), and each part at most a
+        share of the room (a quarter for the summary text, half for the messages kept verbatim, an eighth
+        each for other user messages and the carried text), so that a swap always leaves room to work."""
+        return max(0, self.limits.hard - self.ctx.prefix_tok() - self.limits.keep_recent)
+
+    def user_budget(self) -> int:
+        return min(self.budget.users, self.limits.keep_user, self.room() // 8)
+
+    def must_budget(self) -> int:
+        """The first user message and pinned messages are kept beyond the user budget, within the policy's
+        ``kept`` budget (what the reservation counts) and half of the room: a summary message bigger than
+        what it replaces would gain nothing (those over it are handed to the summarizer, listed in its
+        prompt with the instruction to copy every constraint, and a ``kept_over_budget`` event says so)."""
+        return max(self.user_budget(), min(self.budget.kept, self.room() // 2))
+
+    def text_budget(self) -> int:
+        return max(16, min(self.budget.text, self.limits.summary, self.room() // 4))
+
+    def carry_budget(self) -> int:
+        return min(self.budget.carried, self.room() // 8)
+
+    def list_budget(self) -> int:
+        """Tokens of over-budget user messages quoted in the summarizer's prompt (the fork's cells)."""
+        return max(16, min(self.budget.listed, self.room() // 4))
+
+    # ------------------------------------------------------------------ the job
+    def start(self, mark: int, instructions: Optional[str], *, background: bool,
+              affordable: Optional[int] = None, trigger: str = "") -> SummaryJob:
+        """A summary of ``entries[n_prefix:mark]``.  ``affordable``: the summary tokens the model can write
+        in the time left (background mode, measured); the model writes at most that many, and none when
+        that is below :data:`MIN_MODEL_TOKENS` (the extractive summary then serves at once).  A ``manual``
+        or ``tool`` compaction, or one with ``instructions``, always asks the model (its summary is the
+        point of the call: only the model can follow the instructions)."""
+        ctx = self.ctx
+        mark_tok = ctx.mark_tok(mark)
+        plan = self.plan(mark)
+        kept, overflow, carried, standing = plan.kept, plan.overflow, plan.carried, plan.standing
+        self.summarized_users.extend(c.tidx for c in overflow)
+        musts = [c for c in overflow if c.pinned or c.first]
+        if musts:   # (tight: the window is full and keeping them left no gain; they come back next time)
+            limit, why = (0, "no_gain") if self.tight else (self.must_budget(), "over_budget")
+            self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), limit, why))
+        count = lambda t: len(ctx.tok(t))  # noqa: E731
+        listed, omitted = budget_items([c.content for c in overflow], self.list_budget(), count)
+        base = ctx.views()[:mark]
+
+        def prompt(shorter: bool) -> List[int]:
+            req = {"role": "user", "content": summarizer_request(
+                self.ledger.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
+                has_earlier=bool(carried or standing))}
+            B = ctx.render(base)
+            N = ctx.render(base + [req], True) + FIRST_HEADING
+            c = len(B) if N.startswith(B) else common_prefix_len(B, N)
+            return ctx.tok(N[c:])
+
+        def fork_at():
+            f = ctx.seq.fork()
+            f.truncate(mark_tok)
+            return f
+
+        # (an earlier summary is carried on its own: the fallback does not quote it again)
+        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
+        budget = self.text_budget()   # the model writes first; the copied lines fit in what is left
+        writes = budget if affordable is None else min(budget, affordable)
+        skip, skip_reason = "", ""
+        if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
+            skip, skip_reason = (f"at the measured pace the model can write {max(0, writes)} summary tokens before "
+                                 f"the window edge (fewer than {MIN_MODEL_TOKENS}): the extractive summary is used",
+                                 "no_time")
+        elif not (instructions or trigger in ("manual", "tool") or self.asks_model()):
+            skip, skip_reason = (f"the model's last {self.said_nothing} summaries said nothing the summary message "
+                                 "does not carry anyway: the extractive summary is used", "uninformative")
+        over, spare = [c.content for c in overflow], self.spare(kept)
+        # a fallback's standing instructions beyond its budget only while the swap still gains clearly
+        p_tok, m_tok = ctx.span(mark)[:2]
+        spare = max(0, min(spare, (m_tok - p_tok) // 2 - sum(c.tokens for c in kept) - self.text_budget() - 64))
+        return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
+                          fallback=lambda reason: self.fallback_text(msgs, reason, budget, over, spare),
+                          detok=ctx.detok,
+                          max_tokens=max(writes, 1), timeout=self.policy.summary_timeout,
+                          retries=self.policy.summary_retries, background=background, emit=self.emit,
+                          head=FIRST_HEADING, count=count,
+                          room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip, skip_reason=skip_reason)
+
+    def asks_model(self) -> bool:
+        """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
+        nothing, until :meth:`ask_again_after` have been written without it (the schedule asks: without the
+        model a preparation only has the rebased context to prefill).  The counters change when a summary is
+        used (:meth:`_judge`)."""
+        return self.said_nothing < SAID_NOTHING_LIMIT or self.not_asked >= self.ask_again_after()
+
+    def ask_again_after(self) -> int:
+        """Summaries written without the model before it is asked again: ASK_AGAIN_AFTER, doubled by each
+        re-ask that said nothing new again (3, 6, 12, 24)."""
+        extra = max(0, self.said_nothing - SAID_NOTHING_LIMIT)
+        return min(ASK_AGAIN_MAX, ASK_AGAIN_AFTER << min(extra, 8))
+
+    def spare(self, kept) -> int:
+        """What the messages kept verbatim leave of their budget: standing instructions may use it."""
+        return max(0, self.must_budget() - sum(c.tokens for c in kept))
+
+    def fallback_text(self, msgs, reason: str, budget: int, overflow=(), spare: int = 0) -> str:
+        """The deterministic summary: the over-budget user messages verbatim (within the budget, less a
+        line, plus what the kept messages left of theirs: ``spare``) under "Standing instructions:",
+        then what the messages show."""
+        budget = max(16, budget)
+        count = lambda t: len(self.ctx.tok(t))  # noqa: E731
+        standing, _ = budget_items(list(overflow), budget - 16 + spare, count, least=12) if overflow else ([], 0)
+        if standing:
+            budget = max(budget, count("\n".join(fallback_summary([], reason=reason, standing=standing).split("\n")[:-1]))
+                         + 24)
+        text = fallback_summary([m for m in msgs if not looks_like_tool_call(m.get("content") or "")],
+                                reason=reason, max_chars=budget * 6 + sum(len(x) for x in standing),
+                                standing=standing)
+        lines = text.split("\n")
+        keep = len(standing) + 3 if standing else 0   # the marker, the heading, them, the last request
+        while len(lines) > max(2, keep + 1) and count("\n".join(lines)) > budget:
+            lines.pop()  # least important last
+        text = "\n".join(lines)
+        while count(text) > budget and len(text) > 40:
+            text = text[: int(len(text) * 0.85)] + "…"
+        return text
+
+    # ------------------------------------------------------------------ the replacement
+    def replacement(self, mark: int, summary: Summary, level: int = 0) -> Replacement:
+        """The summary message for ``entries[n_prefix:mark]``.  ``level`` > 0: a smaller plan, for a swap
+        whose rebased context did not fit the pool (1: no carried text, a shorter summary; 2: only the
+        user budget kept verbatim; 3: the standing instructions and a short summary only)."""
+        plan = self.plan(mark)
+        kept, carried, old_standing = plan.kept, plan.carried, plan.standing
+        count = lambda t: len(self.ctx.tok(t))  # noqa: E731
+        new_standing, rest = split_standing(summary.text)
+        self._judge(summary, rest, plan)
+        share = self.results_share(plan.results)
+        model = self.text_budget() - share      # the model's (or the fallback's) share of the text budget
+        carry = self.carry_budget() + max(0, model - summary.tokens)
+        # the standing instructions may also take what the kept messages leave of their budget (less what a
+        # fallback summary's own standing instructions took of it beyond the text budget)
+        extra = max(0, self.spare(kept) - max(0, summary.tokens - model))
+        if level >= 1:
+            carry //= 2 ** level
+            share //= 2 ** level
+            rest = trim_lines_end(rest, self.text_budget() // (2 * level), count)
+        if level >= 2:
+            budget = self.user_budget() if level == 2 else 0
+            fit, used, over = [], 0, []
+            for c in kept:
+                (fit if used + c.tokens <= budget else over).append(c)
+                used += c.tokens if used + c.tokens <= budget else 0
+            if over:
+                self.emit(ev.KeptOverBudget([c.tidx for c in over], sum(c.tokens for c in over), budget, "no_room"))
+            kept = fit
+        if level >= 1:
+            extra //= 2 ** level
+        # what the text budget and the kept messages leave, in order: the standing instructions, the
+        # assistant's own statements, the earlier summaries' text (what the model wrote, within the text
+        # budget only), then the tools' outputs (copied lines: results.py).  The copied lines take at most a
+        # quarter of what the span held, so a short span still gains, unless the earlier summaries listed
+        # more: those lines are in the span already.
+        p_tok, m_tok = self.ctx.span(mark)[:2]
+        cap = max(0, (m_tok - p_tok) // 4)
+        if level == 0 and plan.prior:
+            cap = max(cap, count(res.section(plan.prior)))
+        statements = [x for x in plan.results if res.tier_of(x) == 1]
+        old_standing = trim_standing(old_standing, carry + extra, count)
+        used = count(STANDING_HEADING + "\n" + "\n".join(old_standing)) if old_standing else 0
+        room = share + max(0, carry + extra - used)
+        # what a summary built without the model says besides the user's words (the files mentioned, the
+        # next step) is worth less than what the assistant itself stated: the statements may take its room
+        spare_lines = [ln for ln in rest.split("\n") if ln.strip() and not _users_words(ln)] if summary.fallback else []
+        bonus = count("\n".join(spare_lines)) if spare_lines else 0
+        said, _ = res.fit(statements, min(room + bonus, cap), count)
+        said_cost = count(res.section(said)) if said else 0
+        if bonus and said_cost > room:
+            rest = _give_up(rest, said_cost - room, count)
+        used += max(0, said_cost - share)
+        carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
+        used += count(carried) if carried else 0
+        listing = min(max(said_cost, share) + max(0, carry + extra - used), cap)
+        kept_lines = set(said)
+        results, dropped = res.fit([x for x in plan.results if res.tier_of(x) > 1 or x in kept_lines], listing,
+                                   count, plan.left_out + len(statements) - len(said))
+        standing = merge_standing(old_standing, new_standing)
+        if summary.fallback:   # against what the message finally carries (a smaller context drops some)
+            rest = without_repeated_requests(rest, [c.content for c in kept if c.role == "user"] + standing)
+        header = SUMMARY_HEADER.format(path=self.ledger.path)
+        header = header[:-1] + SEARCH_POINTER + "]" if self.searchable else header
+        limit = self.budget.total if level == 0 else None
+        while True:
+            content = compose(header, kept, carried, rest, standing, res.section(results, dropped, self.searchable))
+            msg = {"role": "user", "content": content, "summary": True}
+            rep = self._rendered(mark, msg)
+            if limit is None or len(rep.tokens) <= limit or not (results or dropped):
+                break
+            if results:   # a long header (the history path): fewer results, the last tier first
+                drop = min(range(len(results)), key=lambda i: (-res.tier_of(results[i]), i))
+                results, dropped = results[:drop] + results[drop + 1:], dropped + 1
+            else:         # not even the note that some were left out
+                dropped = 0
+        # what the next summary carries forward: the model's text (a fallback's counts of messages describe a
+        # span that is gone: its standing instructions and results are carried on their own)
+        body = carried + "\n" + ("" if summary.fallback else rest)
+        self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results, dropped)
+        if level < MAX_SHRINK:
+            rep.smaller = lambda: self.replacement(mark, summary, level + 1)
+        return rep
+
+    def _judge(self, summary: Summary, rest: str, plan: Plan) -> None:
+        """Count, once per summary used, whether the model said something the summary message does not
+        carry anyway (the user's messages, the instructions, the carried text, the key results:
+        novelty.says_something_new) — the measure of whether to ask it next time.  Its text is kept either
+        way (a restated fact can still be news to the agent: "the failing tests pass now")."""
+        if summary is self._judged:
+            return
+        self._judged = summary
+        if summary.fallback:
+            if summary.skipped and summary.reason == "uninformative":   # its summaries said nothing new
+                self.not_asked += 1
+            return
+        # (the assistant's own statements are not counted as known: condensing them is the model's job,
+        # and a summary that restates them in fewer words is not one that says nothing)
+        known = "\n".join([c.content for c in plan.kept] + list(plan.standing) + [plan.carried]
+                          + [x for x in plan.results if res.tier_of(x) > 1])
+        self.said_nothing = 0 if says_something_new(rest, known) else self.said_nothing + 1
+        self.not_asked = 0
+
+    def _rendered(self, mark: int, msg: dict) -> Replacement:
+        """The replacement of ``entries[n_prefix:mark]`` by ``msg``, rendered after the prefix."""
+        view = view_of(msg)
+        ctx = self.ctx
+        pre = ctx.views()[:ctx.n_prefix]
+        B = ctx.render(pre)
+        N = ctx.render(pre + [view])
+        r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
+        return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
+
+    def kept_tokens(self, msg) -> int:
+        """Tokens of the messages a summary message carries verbatim (the cost of keeping them)."""
+        meta = self.meta.get(id(msg))
+        return sum(c.tokens for c in meta.kept) if meta else 0
+
+    def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
+        return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts,
+                               text=summary.text)
+
+
+def _users_words(line: str) -> bool:
+    """A fallback summary's line that carries the user's words (a request), or says it is automatic."""
+    return line.startswith((LAST_REQUEST, FIRST_REQUEST, "(Automatic summary"))
+
+
+def _give_up(text: str, tokens: int, count) -> str:
+    """``text`` less at least ``tokens`` tokens of its lines that are not the user's words, the last first."""
+    lines = text.split("\n")
+    goal = count(text) - tokens
+    for i in range(len(lines) - 1, -1, -1):
+        if count("\n".join(lines)) <= goal:
+            break
+        if not _users_words(lines[i]):
+            lines.pop(i)
+    return "\n".join(lines)
+
+
+def trim_lines_end(text: str, budget: int, count) -> str:
+    """``text`` within ``budget`` tokens, dropping its last lines first (the summary's headings come in
+    order of importance)."""
+    lines = (text or "").split("\n")
+    while lines and count("\n".join(lines)) > max(0, budget):
+        lines.pop()
+    return "\n".join(lines)
+
+
+__all__ = ["SummaryMaker"]

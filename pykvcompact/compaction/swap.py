@@ -1,0 +1,113 @@
+"""The swap: the one transaction that replaces old history by a summary (or by nothing, for a drop).
+
+Fixed order: (1) offload the replaced messages to the history file (durable, idempotent), (2) build the
+new sequence — commit a prepared rebase, else prepare one and wait, else prefill a fresh sequence —
+(3) only then replace the live entries and the ledger.  A failure in (1) or (2) leaves the live context
+exactly as it was (the history file may hold the messages already; a retry does not write them twice).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+from .. import errors
+from ..session.context import Context, Entry
+from ..session.ledger import Ledger
+from ..engine.port import engine_errors
+
+
+@dataclass
+class Replacement:
+    """What goes where ``entries[n_prefix:mark]`` were: a summary message (or None) and its tokens."""
+    mark: int
+    msg: Optional[dict]
+    view: Optional[dict]
+    r_text: str
+    tokens: List[int]
+    # a smaller plan for the same cut (None: there is none), used when this one's rebased context does not
+    # fit the pool: a swap that cannot fit must not fail the same way at every later call
+    smaller: Optional[Callable[[], Optional["Replacement"]]] = field(default=None, compare=False, repr=False)
+
+
+class Swap:
+    def __init__(self, ctx: Context, ledger: Ledger, rebase_mode: str = "exact"):
+        self.ctx, self.ledger, self.rebase_mode = ctx, ledger, rebase_mode
+        self.last: Optional[Replacement] = None   # what the latest swap put in (a smaller plan, maybe)
+
+    def gain(self, rep: Replacement) -> int:
+        """Tokens the swap frees (<= 0: not worth doing)."""
+        p_tok, m_tok, _, _ = self.ctx.span(rep.mark)
+        return (m_tok - p_tok) - len(rep.tokens)
+
+    def run(self, rep: Replacement, *, reason: str, rb=None, mode: Optional[str] = None) -> dict:
+        ctx = self.ctx
+        replaced = ctx.entries[ctx.n_prefix:rep.mark]
+        span = ctx.span(rep.mark)
+        before = len(ctx)
+        self.ledger.offload(replaced, reason)                                   # (1)
+        t0 = time.perf_counter()
+        while True:
+            if rep.msg is not None:
+                self.ledger.log(rep.msg, live=False)  # the summary is durable before anything changes
+            try:
+                info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
+                break
+            except BaseException as e:
+                if rep.msg is not None:
+                    self.ledger.unlog(len(self.ledger.transcript))
+                smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)) \
+                    else None
+                while smaller is not None and len(smaller.tokens) >= len(rep.tokens) and smaller.smaller:
+                    smaller = smaller.smaller()   # (a plan that saves nothing here: the next one)
+                if smaller is None or len(smaller.tokens) >= len(rep.tokens):
+                    raise
+                rep, rb = smaller, None  # the pool has no room for this rebased context: a smaller one
+        self.last = rep
+        entry = None                                                            # (3)
+        if rep.msg is not None:
+            entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)
+        ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
+        self.ledger.forget(replaced, entry)
+        expect = before + span[0] + len(rep.tokens) - span[1]
+        ctx.n = len(ctx.seq)
+        if ctx.n != expect:  # pragma: no cover - engine contract violated
+            raise errors.EngineError(f"rebase left {ctx.n} tokens, expected {expect}")
+        info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
+        info["tokens_before"], info["tokens_after"] = before, ctx.n
+        info["offloaded"] = sum(1 for e in replaced if not e.summary)
+        return info
+
+    def _build(self, span, repl: List[int], rb, mode: str) -> dict:
+        seq = self.ctx.seq
+        prefix_tok, mark_tok = span[0], span[1]
+        if rb is not None:
+            try:
+                return dict(seq.commit_rebase(rb))
+            except engine_errors():
+                _cancel(rb)
+        rb = None
+        try:
+            rb = seq.prepare_rebase(prefix_tok, repl, mark_tok, mode=mode)
+            if not rb.wait():
+                raise errors.EngineError(f"rebase preparation failed: {getattr(rb, 'error', '')}")
+            return dict(seq.commit_rebase(rb))
+        except engine_errors():
+            if rb is not None:
+                _cancel(rb)
+        # last resort: a fresh sequence, created before the old one is closed
+        t0 = time.perf_counter()
+        toks = seq.tokens
+        new = self.ctx.engine.sequence(toks[:prefix_tok] + list(repl) + toks[mark_tok:])
+        self.ctx.replace_sequence(new)
+        return {"mode": "rebuild", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0}
+
+
+def _cancel(rb) -> None:
+    try:
+        rb.cancel()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+__all__ = ["Swap", "Replacement"]

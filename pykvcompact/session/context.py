@@ -1,0 +1,276 @@
+"""The live context: one sequence, its rendered text, the live messages and the reply being generated.
+
+Its one invariant: the sequence's tokens are the tokenized render of the live messages (plus the reply
+being generated).  Rendering is incremental: a new message is rendered with the whole list and only the
+difference from the previous render is tokenized and appended.  If the template re-renders an earlier
+part differently (Qwen merges consecutive tool results into one turn), the sequence is cut back to the
+last message start that is a token boundary and the rest is re-appended.  No policy, no events.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..chat.template import common_prefix_len, is_safe_cut
+from ..compaction.marks import MsgInfo, choose_mark
+from ..engine.port import engine_errors
+
+
+class Entry:
+    """One live message: the message, what the template sees, its transcript index, where it starts."""
+    __slots__ = ("msg", "view", "tidx", "summary", "start_char", "start_tok")
+
+    def __init__(self, msg, view, tidx, summary=False, start_char=0, start_tok=None):
+        self.msg, self.view, self.tidx, self.summary = msg, view, tidx, summary
+        self.start_char, self.start_tok = start_char, start_tok
+
+    def __repr__(self):
+        return f"Entry({self.msg.get('role')}, tidx={self.tidx}, char={self.start_char}, tok={self.start_tok})"
+
+
+@dataclass
+class Partial:
+    """The assistant reply being generated: where it starts (before the generation prompt) and where its
+    generated text starts."""
+    start_char: int
+    start_tok: Optional[int]
+    gen_char: int
+    gen_tok: int
+    tokens: List[int] = field(default_factory=list)
+
+
+class Context:
+    def __init__(self, engine, template, tools: Optional[List[dict]]):
+        self.engine = engine
+        self.template = template
+        self.tools = tools
+        self.seq = engine.sequence()
+        self.n = 0                         # len(seq), tracked here: asking the engine waits for its next step
+        self.text = ""
+        self.entries: List[Entry] = []
+        self.partial: Optional[Partial] = None
+        self.n_prefix = 0
+        self.prefilled = 0                 # tokens appended by syncs (prompt tokens of the current call)
+        self.on_truncate: Callable[[int], None] = lambda n: None
+
+    # ------------------------------------------------------------------ tokens and text
+    def tok(self, text: str) -> List[int]:
+        return self.engine.tokenize(text, add_special=False, parse_special=True) if text else []
+
+    def detok(self, toks) -> str:
+        return self.engine.detokenize(toks) if toks else ""
+
+    def __len__(self) -> int:
+        return self.n
+
+    def views(self) -> List[dict]:
+        return [e.view for e in self.entries]
+
+    def render(self, views: Optional[List[dict]] = None, add_generation_prompt: bool = False) -> str:
+        return self.template.render(self.views() if views is None else views, self.tools, add_generation_prompt)
+
+    # ------------------------------------------------------------------ positions
+    def end_tok(self) -> int:
+        """Token offset where the complete messages end (the partial reply starts there)."""
+        if self.partial is not None and self.partial.start_tok is not None:
+            return self.partial.start_tok
+        return self.n
+
+    def mark_tok(self, mark: int) -> int:
+        return self.entries[mark].start_tok if mark < len(self.entries) else self.end_tok()
+
+    def mark_char(self, mark: int) -> int:
+        if mark < len(self.entries):
+            return self.entries[mark].start_char
+        return self.partial.start_char if self.partial is not None else len(self.text)
+
+    def prefix_tok(self) -> int:
+        # the first message after the prefix may start inside a token (its text merged with the prefix's
+        # end): count the prefix up to the next token boundary, an upper bound of what it keeps
+        for e in self.entries[self.n_prefix:]:
+            if e.start_tok is not None:
+                return e.start_tok
+        return self.end_tok()
+
+    def prefix_char(self) -> int:
+        return self.mark_char(self.n_prefix)
+
+    def msg_infos(self) -> List[MsgInfo]:
+        out, pending = [], []
+        end = self.end_tok()
+        for i, e in enumerate(self.entries):
+            m = e.msg
+            if m.get("role") == "user":
+                pending.clear()  # calls nobody answered before the user spoke again are abandoned, not open
+            for c in m.get("tool_calls") or []:
+                pending.append(c.get("id"))
+            if m.get("role") == "tool" and pending:
+                tid = m.get("tool_call_id")
+                pending.remove(tid if tid in pending else pending[0])
+            nxt = next((x.start_tok for x in self.entries[i + 1:] if x.start_tok is not None), end)
+            size = 0 if e.start_tok is None else max(0, nxt - e.start_tok)
+            out.append(MsgInfo(m["role"], size, bool(m.get("tool_calls")), e.summary, cut_ok=e.start_tok is not None,
+                               open_after=bool(pending)))
+        return out
+
+    def choose_mark(self, keep_recent: int, min_span: int) -> Optional[int]:
+        if len(self.entries) <= self.n_prefix or self.entries[self.n_prefix].start_tok is None:
+            return None
+        return choose_mark(self.msg_infos(), self.n_prefix, keep_recent, min_span=min_span,
+                           extra_tail=self.n - self.end_tok())
+
+    # ------------------------------------------------------------------ incremental rendering
+    def _plan(self, N: str) -> Tuple[int, int, int]:
+        """How to make the sequence represent text ``N``: ``(cut_char, cut_tok, c)``: cut back to
+        ``cut_tok`` (= text ``N[:cut_char]``), append ``N[cut_char:]``; ``c`` the common prefix."""
+        O = self.text
+        c = common_prefix_len(O, N)
+        if c == len(O) and is_safe_cut(N, c):
+            return len(O), self.n, c
+        cands = [(0, 0)]
+        for e in self.entries:
+            if e.start_tok is not None and e.start_char <= c:
+                cands.append((e.start_char, e.start_tok))
+        p = self.partial
+        if p is not None and p.start_tok is not None and p.start_char <= c:
+            cands.append((p.start_char, p.start_tok))
+        best = max((x for x in cands if is_safe_cut(N, x[0])), key=lambda x: x[0])
+        return best[0], best[1], c
+
+    def measure(self, N: str) -> int:
+        """Live tokens once the sequence represents ``N``."""
+        cut_char, cut_tok, _ = self._plan(N)
+        return cut_tok + len(self.tok(N[cut_char:]))
+
+    def _tokenize_region(self, N: str, cut_char: int, bounds: Sequence[int]):
+        pts = sorted({b for b in bounds if cut_char < b < len(N) and is_safe_cut(N, b)})
+        toks: List[int] = []
+        at: Dict[int, int] = {cut_char: 0}
+        prev = cut_char
+        for b in pts + [len(N)]:
+            toks.extend(self.tok(N[prev:b]))
+            at[b] = len(toks)
+            prev = b
+        return toks, at
+
+    def sync(self, N: str) -> Tuple[int, Optional[int]]:
+        """Make the sequence represent ``N``. Returns ``(start_char, start_tok)`` of the new text (the common
+        prefix of the old and new text; ``start_tok`` None when that is not a token boundary)."""
+        cut_char, cut_tok, c = self._plan(N)
+        bounds = [e.start_char for e in self.entries if e.start_char > cut_char] + [c]
+        if self.partial is not None:
+            bounds.append(self.partial.start_char)
+        toks, at = self._tokenize_region(N, cut_char, bounds)
+        if cut_tok < self.n:
+            self.truncate(cut_tok)
+        if toks:
+            self.seq.append(toks)
+            self.n += len(toks)
+            self.prefilled += len(toks)
+        for e in self.entries:  # re-map message starts inside the re-appended region
+            if e.start_char > cut_char:
+                e.start_tok = (cut_tok + at[e.start_char]) if e.start_char in at else None
+        p = self.partial
+        if p is not None and p.start_char > cut_char:
+            p.start_tok = (cut_tok + at[p.start_char]) if p.start_char in at else None
+        self.text = N
+        if c == cut_char:
+            return c, cut_tok
+        return c, ((cut_tok + at[c]) if c in at else None)
+
+    def add(self, msg: dict, view: dict, tidx: int, *, summary: bool = False, from_partial: bool = False) -> Entry:
+        """Render ``msg`` after the live messages and append the difference.  ``from_partial``: the reply
+        just generated; it becomes a live entry even if appending its end-of-turn tokens fails (its
+        tokens are already in the sequence; the next sync appends what is missing)."""
+        p = self.partial if from_partial else None
+        try:
+            s = self.sync(self.render(self.views() + [view]))
+        except BaseException:
+            if p is None:
+                raise
+            self.partial = None
+            self.entries.append(Entry(msg, view, tidx, summary, p.start_char, p.start_tok))
+            raise
+        if p is not None:
+            s = (p.start_char, p.start_tok)
+            self.partial = None
+        e = Entry(msg, view, tidx, summary, s[0], s[1])
+        self.entries.append(e)
+        return e
+
+    def truncate(self, n: int) -> None:
+        self.on_truncate(n)
+        try:
+            self.seq.truncate(n)
+        except engine_errors():  # recurrent models cannot cut a tail: rebuild the sequence
+            self.replace_sequence(self.engine.sequence(self.seq.tokens[:n]))
+        self.n = n
+
+    def replace_sequence(self, new_seq) -> None:
+        """Swap in ``new_seq`` (created first by the caller), then close the old one."""
+        old, self.seq = self.seq, new_seq
+        self.n = len(new_seq)
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the old sequence is gone either way
+            pass
+
+    # ------------------------------------------------------------------ replies
+    def begin_reply(self) -> Partial:
+        start = self.sync(self.render(add_generation_prompt=True))
+        self.partial = Partial(start[0], start[1], len(self.text), self.n)
+        return self.partial
+
+    def reply_tokens(self, got: List[int]) -> None:
+        p = self.partial
+        p.tokens.extend(got)
+        self.n += len(got)
+        self.text = self.text[:p.gen_char] + self.detok(p.tokens)
+
+    def resync_reply(self) -> None:
+        """After an interrupted generation: the reply is what the sequence holds past its start."""
+        p = self.partial
+        p.tokens = self.seq.tokens[p.gen_tok:]
+        self.n = p.gen_tok + len(p.tokens)
+        self.text = self.text[:p.gen_char] + self.detok(p.tokens)
+
+    def reply_text(self) -> str:
+        return self.text[self.partial.gen_char:] if self.partial is not None else ""
+
+    # ------------------------------------------------------------------ after a swap
+    def span(self, mark: int) -> Tuple[int, int, int, int]:
+        """``(prefix_tok, mark_tok, prefix_char, mark_char)`` of ``entries[n_prefix:mark]``."""
+        return self.prefix_tok(), self.mark_tok(mark), self.prefix_char(), self.mark_char(mark)
+
+    def replaced(self, mark: int, span: Tuple[int, int, int, int], entry: Optional[Entry], r_text: str,
+                 n_repl: int) -> None:
+        """``entries[n_prefix:mark]`` (at ``span``, taken before the swap) were replaced in the sequence by
+        ``r_text`` (``n_repl`` tokens) and ``entry`` (the summary, or None for a drop): shift what follows."""
+        prefix_tok, mark_tok, prefix_char, mark_char = span
+        d_tok, d_char = prefix_tok + n_repl - mark_tok, prefix_char + len(r_text) - mark_char
+        self.text = self.text[:prefix_char] + r_text + self.text[mark_char:]
+        for e in self.entries[mark:]:
+            e.start_char += d_char
+            if e.start_tok is not None:
+                e.start_tok += d_tok
+        p = self.partial
+        if p is not None:
+            p.start_char += d_char
+            p.gen_char += d_char
+            p.gen_tok += d_tok
+            if p.start_tok is not None:
+                p.start_tok += d_tok
+        head = self.entries[:self.n_prefix]
+        if entry is not None:
+            entry.start_char, entry.start_tok = prefix_char, prefix_tok
+            head.append(entry)
+        self.entries = head + self.entries[mark:]
+
+    def close(self) -> None:
+        try:
+            self.seq.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["Context", "Entry", "Partial"]

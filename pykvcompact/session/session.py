@@ -1,0 +1,394 @@
+"""Session: a chat over one live KV sequence whose history is compacted by a :class:`~.policy.Policy`.
+
+This is a facade.  The work is done by small objects in ``pykvcompact/sessions/``:
+
+- ``Context`` — the live sequence, its rendered text and live messages (tokens == render(messages));
+- ``Ledger`` — the transcript, the offloaded messages, the history file (idempotent offload);
+- ``SummaryMaker`` / ``SummaryJob`` — one summary on a fork: attempts, retry, fallback;
+- ``Preparation`` — a background summary plus the prepared rebased context;
+- ``scheduler`` — pure decisions: when to prepare, commit, wait (at most ``max_stall_ms``) or fall back;
+- ``Compactor`` — executes them; ``Swap`` — the one transaction that replaces history;
+- ``Prober``, ``CompactTool``, ``Turn`` — the probe cadence, the compaction tool, one reply;
+- ``port`` — the small engine protocol the session uses (so another backend can implement it).
+
+Nothing is lost: before any swap the replaced messages are appended (fsync) to the history file the
+summary names; ``transcript`` holds every message ever; non-summary transcript messages == ``offloaded``
++ non-summary live messages, in order.  The user's own messages (and pinned ones) are carried verbatim in
+each summary message within ``Policy.keep_user_tokens``.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import math
+import numbers
+import time
+import uuid
+import warnings
+import weakref
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+from ..compaction.tools import compact as compaction_tool, history_search
+from .. import events as ev
+from ..compaction import rubrics as _rubrics
+from ..chat.template import ChatTemplate
+from .history_file import HistoryFile, check_session_id
+from ..compaction.policy import SEARCH_MIN_WINDOW, Policy
+from .call_loop import CallLoop, tool_names
+from ..compaction.tools.compact import CompactTool
+from ..compaction.recall import Recall, default_budget as default_recall_budget
+from ..compaction.tools.search import SearchTool
+from ..compaction.compactor import Compactor
+from .context import Context
+from .journal import Journal, log_path
+from .ledger import Ledger
+from ..chat.messages import ContextWindowError, check_json, check_tools, normalize_messages
+from ..compaction.prober import LABELS, Prober
+from ..compaction.room import Room
+from .append import append_message
+from .arguments import check_arguments
+from .sizing import check_base, release, reserve, session_cells
+from ..compaction.summary.summaries import SummaryMaker
+from ..compaction.summary.summarizer import Summarizer
+
+SESSION_TOOLS = (compaction_tool.NAME, history_search.NAME)  # the tools the session runs itself
+
+
+class Session(CallLoop):
+    """A chat session on ``engine`` under ``policy``.
+
+    ``Session(engine, *, system=None, policy=Policy(), session_id=None, history_dir="conversation_history",
+    tools=None, recall_tokens=None)``.  Use :meth:`chat` (OpenAI chat-completion dict), :meth:`stream` (text
+    deltas and events), :meth:`compact` (``/compact``), :meth:`add` (messages without a reply), :meth:`pin`;
+    read :attr:`events`, :attr:`fill`, :attr:`transcript`, :attr:`messages`, :attr:`window`.
+
+    ``recall_tokens``: when a new user message or tool call names something (a path, key, id, number,
+    quoted string, proper noun) that the offloaded history holds, and the offloaded lines about it rival the
+    live context's best, up to this many tokens of them are placed in the context before the reply
+    (``compaction/recall.py``; a ``recalled`` event).  ``None``: ``min(256, window // 12)``; ``0``: never.
+    """
+
+    def __init__(self, engine, *, system: Optional[str] = None, policy: Optional[Policy] = None,
+                 session_id: Optional[str] = None, history_dir="conversation_history", tools=None,
+                 template: Optional[ChatTemplate] = None, summarizer: Optional[Summarizer] = None,
+                 labels: Sequence[str] = LABELS, recall_tokens: Optional[int] = None, _resume=None):
+        policy = check_arguments(engine, policy, system, recall_tokens, labels)
+        self.engine, self.policy = engine, policy
+        if session_id is None:
+            session_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        self.session_id = check_session_id(session_id)
+        self.history = HistoryFile(history_dir, self.session_id)
+        self.history_path = str(self.history.path)
+        self.history.check_writable()
+        self.tools = check_tools(tools)
+        self.template = template or ChatTemplate.from_engine(engine)
+        if self.template.fallback_reason:
+            warnings.warn(f"the model's chat template cannot be rendered ({self.template.fallback_reason}); "
+                          "using ChatML", RuntimeWarning, stacklevel=2)
+        self.summarizer = summarizer or Summarizer()
+        self.rubric = _rubrics.load(policy.rubric)
+        self.labels = tuple(labels)
+        self.events: List[ev.Event] = []
+        self.last_response: Optional[dict] = None
+        self._pending: List[ev.Event] = []
+        self._n_calls = 0
+        self._closed = False
+        self._busy = False                   # a chat/stream/compact call is running (one at a time)
+        self._turn_end = time.perf_counter()  # when the last call that grew the conversation ended (its pace)
+        self._ledger = Ledger(self.history)
+        self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
+        self._offer_search = policy.offers_search
+        self._cur_tools = self._effective_tools(None)
+        self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
+        self.window, cells = self._size()
+        self.limits = policy.limits(self.window)
+        check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
+        self._cells_key = object()  # the reservation is released on close() or when the session is collected
+        reserve(engine, self._cells_key, cells)
+        self._release = weakref.finalize(self, release, engine, self._cells_key)
+        self._ctx = Context(engine, self.template, self._cur_tools)
+        self._maker = SummaryMaker(self._ctx, self._ledger, policy, self.limits, self.summarizer, self._emit)
+        self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit)
+        self._compactor.fork_cells = cells - self.window
+        self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
+        self._room = Room(self._ctx, self._compactor, self.window)
+        self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
+        self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
+        self.recall_tokens = default_recall_budget(self.window) if recall_tokens is None else recall_tokens
+        self._recall = Recall(self._ctx, self._ledger, self.recall_tokens, self._emit, self._append, self.window,
+                              lambda: self._offer_search and history_search.NAME not in self._caller_tool_names)
+        self._ledger.describe = self._maker.describe
+        self._maker.searchable = self._offer_search and history_search.NAME not in self._caller_tool_names
+        try:
+            self._ledger.journal = _resume or Journal(self.log_path)
+            if _resume is None:  # a new session (a same-id log restarts at this record)
+                self._ledger.journal.open(session_id=self.session_id, history_dir=str(history_dir),
+                                          policy=policy, tools=self.tools, cur_tools=self._cur_tools)
+            if system is not None:
+                self._append({"role": "system", "content": system}, check_room=False)
+                self._ctx.n_prefix = 1
+        except BaseException:
+            self.close()
+            raise
+
+    # ================================================================== public API
+    @property
+    def fill(self) -> float:
+        """Live tokens / window."""
+        ctx = getattr(self, "_ctx", None)
+        return len(ctx) / self.window if ctx is not None and not ctx.seq.closed else 0.0
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._ctx)
+
+    @property
+    def tokens(self) -> List[int]:
+        """The live sequence's tokens."""
+        return self._ctx.seq.tokens
+
+    @property
+    def sequence(self):
+        return self._ctx.seq
+
+    @property
+    def transcript(self) -> List[dict]:
+        """Every message ever, in order; summaries carry ``"summary": True``."""
+        return self._ledger.copy()
+
+    @property
+    def offloaded(self) -> List[dict]:
+        """Messages that left the live context (all of them are in the history file)."""
+        return self._ledger.offloaded
+
+    @property
+    def messages(self) -> List[dict]:
+        """The live messages (what the model sees), summaries included."""
+        return [copy.deepcopy(e.msg) for e in self._ctx.entries]
+
+    @property
+    def worst_stall_ms(self) -> float:
+        """The longest a swap (or drop) has held the conversation up in this session."""
+        return self._compactor.worst_stall_ms
+
+    def render(self, add_generation_prompt: bool = False) -> str:
+        """A full render of the live messages with the session's template and tools."""
+        return self._ctx.render(add_generation_prompt=add_generation_prompt)
+
+    def add(self, messages) -> None:
+        """Append messages to the live context without generating a reply."""
+        msgs = normalize_messages(messages)
+        with self._one_call():
+            self._ctx.prefilled = 0
+            for _ in self._add_messages(msgs):
+                pass
+            self._metered(self._ctx.prefilled)
+
+    def chat(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> dict:
+        """Add ``messages`` (a str is a user message) and generate the assistant reply.
+
+        Returns an OpenAI chat-completion dict.  Calls to ``compact_conversation`` are run by the session
+        itself (the tool loop); other tool calls are handed back to the caller."""
+        for _ in self._run(messages, max_tokens, tools, sampling, streaming=False):
+            pass
+        return self.last_response
+
+    def stream(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> Iterator[Union[str, ev.Event]]:
+        """Like :meth:`chat`, yielding text deltas (``str``) and compaction events as they happen. The final
+        chat-completion dict is in :attr:`last_response` afterwards."""
+        return self._run(messages, max_tokens, tools, sampling, streaming=True)
+
+    def steps(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> Iterator[object]:
+        """:meth:`chat` as a generator its caller can stop: it yields each compaction event as it happens
+        and :data:`CHUNK_DONE` after each generated chunk of the reply (chunks as ``chat`` generates them,
+        no text deltas).  Closing it ends the reply there, as closing a :meth:`stream` does (what was
+        generated stays); when it runs to the end the chat-completion dict is in :attr:`last_response`.
+        A server uses it to stop a plain reply whose client went away."""
+        return self._run(messages, max_tokens, tools, sampling, streaming=False)
+
+    @property
+    def tools_in_effect(self) -> List[dict]:
+        """The tool schemas the context renders now: the caller's and the session's own
+        (``compact_conversation``, ``search_history``), a copy."""
+        return copy.deepcopy(self._cur_tools or [])
+
+    def compact(self, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
+        """Compact now (``/compact``); ``instructions`` focus the summary. Returns the ``rebased`` event, or
+        ``None`` when there is nothing to compact yet (a ``compaction_skipped`` event says why)."""
+        if instructions is not None and not isinstance(instructions, str):
+            raise TypeError("instructions must be a str")
+        check_json(instructions, "instructions")
+        with self._one_call():
+            out = self._compactor.compact("manual", instructions)
+        self._pending.clear()
+        return out
+
+    def idle(self, seconds: float) -> None:
+        """The caller has nothing for the session for up to ``seconds`` (a tool of the agent is running):
+        in background mode the preparation advances meanwhile — the engine gives its jobs whole chunks
+        when nothing else runs, and the session builds and prefills the rebased context as soon as the
+        summary is in, and commits one a COMPRESS verdict asked for.  Returns when the preparation is caught
+        up, when there is none to advance, or after ``seconds``.  Other modes return at once."""
+        if not isinstance(seconds, numbers.Real) or isinstance(seconds, bool) or not seconds >= 0:
+            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        try:
+            seconds = float(seconds)
+        except OverflowError:   # an int too large for a float: as long as it takes
+            seconds = math.inf
+        if getattr(self.engine, "closed", False):
+            from ..errors import EngineClosedError
+            raise EngineClosedError("the session's engine is closed; Session.load the log on a new engine")
+        with self._one_call():
+            self._compactor.idle(seconds)
+        self._pending.clear()
+
+    def pin(self, message_index: int) -> None:
+        """Keep transcript message ``message_index`` verbatim in every compaction from now on."""
+        self._check_open()
+        was = set(self._ledger.pinned)
+        self._ledger.pin(message_index)
+        p, new = self._compactor.prep, self._ledger.pinned - was
+        if p is not None and new and not any(e.tidx in new for e in self._ctx.entries[p.mark:] if not e.summary):
+            self._compactor.cancel("pinned")  # planned before the pin: it would summarize the message
+
+    def save(self, path) -> None:
+        """Snapshot the session to ``path``: its live context, the position in its log and the KV state of
+        its sequence, so that :meth:`load` resumes without re-prefilling.  (Every message is in the log
+        already, fsynced as it came: a session that was never saved can be loaded from its log.)"""
+        from .persist import save_session
+        with self._one_call():
+            save_session(path, self._ctx, self._ledger.journal, self.session_id, self.log_path)
+
+    @classmethod
+    def load(cls, engine, path, **kwargs) -> "Session":
+        """Resume a session from a :meth:`save` snapshot or from its log (``{history_dir}/{id}.log.jsonl``,
+        after a crash).  The transcript, pins, summaries and live context come back as they were; the KV
+        state is loaded when the snapshot is current and was saved by the same model, context size and
+        library version, else the live context is prefilled again (``resumed["kv"]`` says which).
+        ``kwargs`` (``summarizer``, ``labels``, ``template``, ``recall_tokens``) as for the constructor."""
+        from .persist import read_session, restore_context
+        got = read_session(path, kwargs)
+        r = got.record
+        # the history lives next to the log, wherever the log is now (moved, or named relative to another cwd)
+        s = cls(engine, policy=got.policy, session_id=r.session_id, history_dir=str(got.journal.path.parent),
+                tools=r.tools or None, _resume=got.journal, **kwargs)
+        s.log_path = str(got.journal.path)
+        try:
+            s._ledger.restore(r)
+            # completion ids go on from here: each answered call left at least one assistant message
+            s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
+            for i, described in r.metas.items():
+                s._maker.restore(r.transcript[i], described)
+            s._maker.notes.notes.update(r.notes)
+            if r.cur_tools != s._cur_tools:
+                s._cur_tools = s._ctx.tools = r.cur_tools
+            s.resumed = restore_context(s._ctx, s._room, s.engine, s.window, s.session_id, r, got.header,
+                                        got.blob)
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def call_tool(self, name: str = compaction_tool.NAME, arguments: Optional[dict] = None) -> str:
+        """Run a session-handled tool as if the model had called it now (``compact_conversation``, or
+        ``search_history`` with ``{"query": ...}``): the assistant tool call and its result are added to
+        the conversation; returns the result text."""
+        self._check_open()
+        if name not in SESSION_TOOLS:
+            raise ValueError(f"the session only runs {' and '.join(map(repr, SESSION_TOOLS))}; other tools "
+                             "belong to the caller")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise TypeError(f"arguments must be a dict, got {type(arguments).__name__}")
+        check_json(arguments, "arguments")
+        call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments or {})}}
+        with self._one_call():
+            self._append({"role": "assistant", "content": None, "tool_calls": [call]})
+            out = self._run_tool(call)["content"]
+        self._pending.clear()
+        return out
+
+    def compact_conversation(self) -> str:
+        """The ``compact_conversation`` tool, called directly (see :meth:`call_tool`)."""
+        return self.call_tool(compaction_tool.NAME)
+
+    def search_history(self, query: str) -> str:
+        """The ``search_history`` tool, called directly: the offloaded lines that match ``query``, as the
+        model would see them (the call and its result join the conversation; see :meth:`call_tool`)."""
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        return self.call_tool(history_search.NAME, {"query": query})
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if hasattr(self, "_compactor"):
+            self._compactor.cancel(None)
+        if hasattr(self, "_maker"):
+            self._maker.notes.close()
+        if hasattr(self, "_ctx"):
+            self._ctx.close()
+        if hasattr(self, "_release"):
+            self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Session(id={self.session_id!r}, mode={self.policy.mode!r}, window={self.window}, "
+                f"tokens={len(self._ctx) if not self._closed else 0}, messages={len(self._ctx.entries)})")
+
+    # ================================================================== the parts' shared verbs
+    def _check_open(self):
+        if self._closed:
+            from ..errors import SequenceClosedError
+            raise SequenceClosedError("the session is closed")
+
+    def _emit(self, e: ev.Event):
+        self.events.append(e)
+        self._pending.append(e)
+
+    def _drain(self):
+        while self._pending:
+            yield self._pending.pop(0)
+
+    def _size(self):
+        """``(window, cells)``.  With ``history_tool=None`` and ``window=None`` the search tool is offered
+        only if the window that fits with it is at least SEARCH_MIN_WINDOW (else it would take a large
+        share of a small window, or keep the session from opening at all)."""
+        auto = self.policy.history_tool is None and self.policy.window is None and self._offer_search
+        args = (self.engine, self.policy, self.template)
+        try:
+            window, cells = session_cells(*args, self._cur_tools, self.rubric, self.history_path)
+            if not auto or window >= SEARCH_MIN_WINDOW:
+                return window, cells
+        except ValueError:
+            if not auto:
+                raise
+        self._offer_search = False
+        self._cur_tools = self._effective_tools(None)
+        return session_cells(*args, self._cur_tools, self.rubric, self.history_path)
+
+    def _effective_tools(self, tools) -> Optional[List[dict]]:
+        base = check_tools(tools) if tools is not None else list(self.tools)
+        names = {t["function"]["name"] for t in base}
+        if self.policy.offers_tool and compaction_tool.NAME not in names:
+            base = base + [compaction_tool.TOOL]
+        if self._offer_search and history_search.NAME not in names:
+            base = base + [history_search.TOOL]
+        return base or None
+
+    def _make_room(self, after_fn: Callable[[], int]) -> None:
+        self._room.make(after_fn)
+
+    def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
+                from_partial: bool = False):
+        return append_message(self._ctx, self._ledger, self._make_room, msg, view, check_room=check_room,
+                              from_partial=from_partial)
+
+__all__ = ["Session", "ContextWindowError"]

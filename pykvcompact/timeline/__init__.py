@@ -1,0 +1,1 @@
+"""A session's record over time (record.py) and its PNG plots (plots.py)."""
