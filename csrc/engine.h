@@ -175,6 +175,7 @@ private:
     // near what fits between two foreground calls. At background_chunk_busy rows it is not cut short,
     // so background work always moves on.
     int background_only_rows_ = 0;
+    bool deadline_rows_in_step_ = false;  // this step carries rows of background work on a deadline
     size_t round_robin_ = 0;
     uint32_t job_counter_ = 0;
 

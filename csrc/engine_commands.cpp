@@ -87,7 +87,7 @@ std::vector<float> Engine::seq_logits(uint64_t h) {
             kv_->enqueue(s, *t, false);
             submit(std::move(t));
             return std::vector<float>{};
-        });
+        }, true);  // may re-decode: foreground work
         if (!job) return out;
         job->wait(-1);
         if (auto err = job->error()) std::rethrow_exception(err);

@@ -57,7 +57,10 @@ bool Engine::step() {
         // Only background rows: foreground work submitted meanwhile cuts the decode short (its rows
         // are rolled back and decoded again later). Not on recurrent state, which cannot roll back.
         const bool background_only = urgent_rows == 0;
-        const bool abortable = background_only && rows > (int) opts_.background_chunk_busy && !recurrent_state();
+        // Nor while a K shift is pending: llama.cpp applies it in place at the start of this decode, and a
+        // shift cut short would be applied again (rotated twice). Nor with rows of work on a deadline.
+        const bool abortable = background_only && rows > (int) opts_.background_chunk_busy && !recurrent_state() &&
+                               !deadline_rows_in_step_ && !kv_->shift_pending();
         // The callback is installed for such decodes only: ggml calls it after every graph node.
         abortable_.store(abortable);
         if (abortable) llama_set_abort_callback(ctx_, &Engine::abort_check, this);
@@ -139,6 +142,7 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
         if (multi.size() > 1) std::rotate(multi.begin(), multi.begin() + (long) (round_robin_ % multi.size()), multi.end());
     };
     round_robin_ += 1;
+    deadline_rows_in_step_ = false;
     for (auto & up : tasks_) up->step_rows = 0;
     std::vector<Task *> single_urgent, multi_urgent, single_bg, multi_bg;
     group(true, single_urgent, multi_urgent);
@@ -163,6 +167,7 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
             }
             if (t->finished) progress = true;
             if (n > 0) { t->step_rows = n; active.push_back(t); cap -= std::min(cap, n); budget -= n; }
+            if (n > 0 && own > 0) deadline_rows_in_step_ = true;
         }
     };
     int urgent_cap = budget;

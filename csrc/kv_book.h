@@ -47,6 +47,11 @@ public:
     const llama_vocab * vocab() const { return vocab_; }
     llama_memory_t memory() const { return mem_; }
     EngineCounters & counters() { return counters_; }
+    // A K shift (splice) waits for the next decode, which applies it in place first.
+    bool shift_pending() const {
+        for (auto & [h, s] : seqs_) if (s.shift_pending) return true;
+        return false;
+    }
 
     // ---- sequences
     SeqState * find(uint64_t h);

@@ -152,7 +152,8 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
         return 1;
     }
     if (!fits(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
-    const llama_token t = sampler.sample(kv.logits(*s), kv.n_vocab());
+    const llama_token t = retry_token >= 0 ? retry_token : sampler.sample(kv.logits(*s), kv.n_vocab());
+    retry_token = -1;
     if (t < 0 || llama_vocab_is_eog(kv.vocab(), t)) { complete(kv, "stop"); return 0; }
     sampled_token = t;
     row = kv.add_row(*s, t, true, kind);
@@ -282,7 +283,7 @@ void RebaseTask::check_splice_allowed(KvBook & kv, SeqState & m) const {
 }
 
 void RebaseTask::request_commit(KvBook & kv) {
-    if (committing) throw EngineError("a commit of this rebase is already in progress");
+    if (committing) throw SequenceBusyError("a commit of this rebase is already in progress");
     SeqState & m = kv.get(main_handle);
     if (superseded(kv)) throw RebaseSupersededError("superseded: another rebase of this sequence was committed; prepare it again");
     if (splice) check_splice_allowed(kv, m);

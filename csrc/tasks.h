@@ -110,13 +110,20 @@ struct GenerateTask : Task {
     std::string text;
     int generated = 0;
     llama_token sampled_token = -1;  // the token in this step's batch (-1: re-decoding the last one)
+    // The token sampled for a step that was rolled back (a failed or aborted decode): sampled again,
+    // a seeded sampler would draw from a state that has moved on, so the same seed gave other tokens.
+    llama_token retry_token = -1;
     int row = -1;
 
     bool single_row() const override { return true; }
     bool has_work(KvBook & kv) override { return !finished; }
     int add_rows(KvBook & kv, int budget) override;
     void after_decode(KvBook & kv) override;
-    void restore_cursor() override { sampled_token = -1; row = -1; }
+    void restore_cursor() override {
+        if (sampled_token >= 0) retry_token = sampled_token;
+        sampled_token = -1;
+        row = -1;
+    }
 
 private:
     bool hit_stop_string(KvBook & kv, llama_token t);

@@ -18,7 +18,7 @@ def _engine(path, share, **kw):
                      background_share=share, **kw)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.5, math.nan, math.inf])
+@pytest.mark.parametrize("bad", [-0.1, 1.5, math.nan, math.inf, 10 ** 400])
 def test_a_share_out_of_range_is_refused(tiny_model_path, bad):
     with pytest.raises(ValueError, match="background_share must be between 0 and 1"):
         _engine(tiny_model_path, bad)
@@ -36,6 +36,38 @@ def test_the_default_share_on_a_cpu_is_0_15(tiny_model_path):
         assert eng.stats()["background_share"] == pytest.approx(0.15)
     finally:
         eng.close()
+
+
+def test_minus_zero_is_zero(tiny_model_path):
+    eng = _engine(tiny_model_path, -0.0)
+    try:
+        assert math.copysign(1.0, eng.stats()["background_share"]) == 1.0
+    finally:
+        eng.close()
+
+
+def test_a_seeded_background_generation_is_the_same_after_its_step_is_cut_short(tiny_model_path):
+    """A sampled token whose step is rolled back (here a background-only decode cut short) is used again:
+    sampling anew would draw from a generator that has moved on, and the same seed gave other tokens."""
+    outs = []
+    for inject in (False, True):
+        eng = _engine(tiny_model_path, 0.2, background_chunk=64)
+        try:
+            s = eng.sequence(text_tokens(eng, 30, seed=4))
+            p = eng.sequence(text_tokens(eng, 30, seed=5))
+            if inject:
+                eng._n.inject_decode_failures(1, 2, 9)   # the first step of more than 8 rows: "aborted"
+            prefill = p.append_background(text_tokens(eng, 400, seed=6))
+            job = s.generate_background(40, temperature=1.0, seed=1234)
+            while not (job.done() and prefill.done()):   # polled: a job somebody waits on is urgent
+                time.sleep(0.001)
+            outs.append(job.result(timeout=30))
+            assert (eng.stats()["aborted_decodes"] == 1) == inject
+            s.close()
+            p.close()
+        finally:
+            eng.close()
+    assert len(outs[0]) == 40 and outs[0] == outs[1]
 
 
 def _background_tokens_during(eng, n: int, rows_per_step: int = 0):

@@ -3,6 +3,7 @@ ValueError before llama.cpp sees it."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -64,6 +65,10 @@ def check_int(name: str, value: Any, minimum: int) -> int:
 def check_share(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"background_share must be a number between 0 and 1 (or None: by backend), got {value!r}")
-    if not 0.0 <= float(value) <= 1.0:   # NaN fails this too
+    try:
+        share = float(value)
+    except OverflowError:   # an int too large for a float
+        share = math.inf
+    if not 0.0 <= share <= 1.0:   # NaN fails this too
         raise ValueError(f"background_share must be between 0 and 1 (or None: by backend), got {value}")
-    return float(value)
+    return share + 0.0   # -0.0 is 0

@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import RebaseSupersededError
+
 _SLICE_S = 0.1
 
 
@@ -136,6 +138,16 @@ class Rebase:
                 return False
             if deadline is not None and time.monotonic() >= deadline:
                 return False
+
+    def raise_if_superseded(self) -> None:
+        """Raise the preparation's ``RebaseSupersededError`` if the engine ended it for that reason."""
+        if self._j.done() and self._j.finish_reason() == "error":
+            try:
+                self._j.rethrow()
+            except RebaseSupersededError:
+                raise
+            except Exception:  # noqa: BLE001 - another failure: the caller's own error stands
+                pass
 
     def set_rows_per_step(self, n: int) -> None:
         """Rows per engine step this preparation may take next to foreground work (see ``Job``)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import EngineClosedError, SequenceClosedError
+from ..errors import EngineClosedError, RebaseNotPendingError, SequenceClosedError
 from . import state as _state
 from .arguments import check_int, token_list
 from .jobs import Job, Rebase, wait_job
@@ -237,7 +237,11 @@ class Sequence:
             raise TypeError("commit_rebase takes the Rebase returned by prepare_rebase")
         if rb.sequence is not self:
             raise ValueError("this rebase was prepared for another sequence")
-        info = self._n().commit_rebase(self._h, rb.id)
+        try:
+            info = self._n().commit_rebase(self._h, rb.id)
+        except RebaseNotPendingError:
+            rb.raise_if_superseded()   # the engine dropped it because another rebase was committed first
+            raise
         rb.mark_committed()
         return {"mode": rb.mode, "tokens_before": int(info["tokens_before"]), "tokens_after": int(info["tokens_after"]),
                 "stall_ms": float(info["stall_ms"]), "catch_up_tokens": int(info["catch_up_tokens"])}
