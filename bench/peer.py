@@ -38,7 +38,8 @@ REPO = HERE.parent
 BEFORE_RUNNER = "/tmp/pkv_before/run_before.py"
 # The transcript is built from the repository's files at this commit, so it never changes.
 TRANSCRIPT_COMMIT = "038355c82fc115ded01ffc5478e18f2608414beb"
-TRANSCRIPT_FILES = ["README.md", "pykvcompact/compaction/summary/summarizer.py", "pykvcompact/compaction/policy.py", "pykvcompact/session/session.py"]
+# (paths as they were at that commit: the package has been reorganised since)
+TRANSCRIPT_FILES = ["README.md", "pykvcompact/summarizer.py", "pykvcompact/policy.py", "pykvcompact/session.py"]
 SYSTEM = ("<|im_start|>system\nYou are a careful coding agent working in the pykvcompact repository. Read "
           "files, explain them and keep track of what you learned.<|im_end|>\n")
 SUMMARIZER = ("<|im_end|>\n<|im_start|>user\nPause the task and write a summary of the conversation above, so "

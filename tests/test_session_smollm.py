@@ -121,7 +121,10 @@ def test_compaction_tool_refuses_then_compacts(smollm_engine, tmp_path):
         for _ in range(60):  # short messages (far from hard) while the engine thread writes the summary
             if any(e.name == "rebased" for e in s.events):
                 break
-            time.sleep(1.0)
+            # the caller's tool runs for a second: the session advances the preparation meanwhile (with
+            # time.sleep the next phase waited for the next message, and on a loaded CPU the messages could
+            # reach hard first, whose fallback cut may take the call in)
+            s.idle(1.0)
             s.add({"role": "user", "content": "ok"})
         reb = [e for e in s.events if e.name == "rebased"]
         # the preparation (started at soft, or by the call) was committed once caught up ("tool"), or at

@@ -46,8 +46,8 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 # cells: what a session's summary message and forks take (budgets.py), re-exported here
-from .budgets import (PROBE_SLACK, SUMMARY_MESSAGE_OVERHEAD, SummaryBudget, reserve_cells, resolve_window,
-                      shadow_budget, summary_budget, summary_message_budget)
+from .budgets import (PROBE_SLACK, SUMMARY_MESSAGE_OVERHEAD, SummaryBudget, reserve_cells,  # noqa: F401
+                      resolve_window, shadow_budget, summary_budget, summary_message_budget)
 from .marks import MsgInfo, choose_mark, cut_allowed, drop_plan, starts  # noqa: F401 (re-exported)
 
 MODES = ("none", "fixed", "hard", "rubric", "background", "tool")

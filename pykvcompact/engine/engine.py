@@ -11,7 +11,7 @@ from ..errors import EngineClosedError
 from ..models.registry import resolve_model
 from . import state as _state
 from .arguments import check_int, check_share, physical_cores, token_list
-from .native import native
+from .loader import native
 from .sequence import Sequence
 
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .native import LLAMA_CPP_PYTHON_VERSION
+from .loader import LLAMA_CPP_PYTHON_VERSION
 from ..errors import InvalidStateError, StateMismatchError
 
 MAGIC = b"PKVCSEQ\x00"

@@ -1,6 +1,7 @@
-"""Session: a chat over one live KV sequence whose history is compacted by a :class:`~.policy.Policy`.
+"""Session: a chat over one live KV sequence whose history is compacted by a
+:class:`~pykvcompact.compaction.policy.Policy`.
 
-This is a facade.  The work is done by small objects in ``pykvcompact/sessions/``:
+This is a facade.  The work is done by small objects in ``session/`` and ``compaction/``:
 
 - ``Context`` — the live sequence, its rendered text and live messages (tokens == render(messages));
 - ``Ledger`` — the transcript, the offloaded messages, the history file (idempotent offload);
@@ -9,7 +10,7 @@ This is a facade.  The work is done by small objects in ``pykvcompact/sessions/`
 - ``scheduler`` — pure decisions: when to prepare, commit, wait (at most ``max_stall_ms``) or fall back;
 - ``Compactor`` — executes them; ``Swap`` — the one transaction that replaces history;
 - ``Prober``, ``CompactTool``, ``Turn`` — the probe cadence, the compaction tool, one reply;
-- ``port`` — the small engine protocol the session uses (so another backend can implement it).
+- ``engine/port.py`` — the small engine protocol the session uses (so another backend can implement it).
 
 Nothing is lost: before any swap the replaced messages are appended (fsync) to the history file the
 summary names; ``transcript`` holds every message ever; non-summary transcript messages == ``offloaded``
@@ -47,7 +48,7 @@ from ..chat.messages import ContextWindowError, check_json, check_tools, normali
 from ..compaction.prober import LABELS, Prober
 from ..compaction.room import Room
 from .append import append_message
-from .arguments import check_arguments
+from .arguments import check_arguments, check_labels
 from .sizing import check_base, release, reserve, session_cells
 from ..compaction.summary.summaries import SummaryMaker
 from ..compaction.summary.summarizer import Summarizer
@@ -73,7 +74,7 @@ class Session(CallLoop):
                  session_id: Optional[str] = None, history_dir="conversation_history", tools=None,
                  template: Optional[ChatTemplate] = None, summarizer: Optional[Summarizer] = None,
                  labels: Sequence[str] = LABELS, recall_tokens: Optional[int] = None, _resume=None):
-        policy = check_arguments(engine, policy, system, recall_tokens, labels)
+        policy = check_arguments(engine, policy, system, recall_tokens)
         self.engine, self.policy = engine, policy
         if session_id is None:
             session_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
@@ -88,7 +89,7 @@ class Session(CallLoop):
                           "using ChatML", RuntimeWarning, stacklevel=2)
         self.summarizer = summarizer or Summarizer()
         self.rubric = _rubrics.load(policy.rubric)
-        self.labels = tuple(labels)
+        self.labels = check_labels(labels)
         self.events: List[ev.Event] = []
         self.last_response: Optional[dict] = None
         self._pending: List[ev.Event] = []
@@ -390,5 +391,6 @@ class Session(CallLoop):
                 from_partial: bool = False):
         return append_message(self._ctx, self._ledger, self._make_room, msg, view, check_room=check_room,
                               from_partial=from_partial)
+
 
 __all__ = ["Session", "ContextWindowError"]
