@@ -35,7 +35,7 @@ from .. import events as ev
 from ..compaction import rubrics as _rubrics
 from ..chat.template import ChatTemplate
 from .history_file import HistoryFile, check_session_id
-from ..compaction.policy import SEARCH_MIN_WINDOW, Policy
+from ..compaction.policy import Policy
 from .call_loop import CallLoop, tool_names
 from ..compaction.tools.compact import CompactTool
 from ..compaction.recall import Recall, default_budget as default_recall_budget
@@ -49,12 +49,10 @@ from ..compaction.prober import LABELS, Prober
 from ..compaction.room import Room
 from .append import append_message
 from .arguments import check_arguments, check_labels
-from .sizing import check_base, release, reserve, session_cells
+from .sizing import check_base, release, reserve, size_session
+from .tools import SESSION_TOOLS, tools_in_effect
 from ..compaction.summary.summaries import SummaryMaker
 from ..compaction.summary.summarizer import Summarizer
-
-SESSION_TOOLS = (compaction_tool.NAME, history_search.NAME)  # the tools the session runs itself
-
 
 class Session(CallLoop):
     """A chat session on ``engine`` under ``policy``.
@@ -359,30 +357,15 @@ class Session(CallLoop):
             yield self._pending.pop(0)
 
     def _size(self):
-        """``(window, cells)``.  With ``history_tool=None`` and ``window=None`` the search tool is offered
-        only if the window that fits with it is at least SEARCH_MIN_WINDOW (else it would take a large
-        share of a small window, or keep the session from opening at all)."""
-        auto = self.policy.history_tool is None and self.policy.window is None and self._offer_search
-        args = (self.engine, self.policy, self.template)
-        try:
-            window, cells = session_cells(*args, self._cur_tools, self.rubric, self.history_path)
-            if not auto or window >= SEARCH_MIN_WINDOW:
-                return window, cells
-        except ValueError:
-            if not auto:
-                raise
-        self._offer_search = False
+        """``(window, cells)``; may stop offering the search tool (see :func:`.sizing.size_session`)."""
+        window, cells, self._offer_search = size_session(
+            self.engine, self.policy, self.template, self.rubric, self.history_path, self._offer_search,
+            lambda offer: tools_in_effect(self.tools, None, self.policy.offers_tool, offer))
         self._cur_tools = self._effective_tools(None)
-        return session_cells(*args, self._cur_tools, self.rubric, self.history_path)
+        return window, cells
 
     def _effective_tools(self, tools) -> Optional[List[dict]]:
-        base = check_tools(tools) if tools is not None else list(self.tools)
-        names = {t["function"]["name"] for t in base}
-        if self.policy.offers_tool and compaction_tool.NAME not in names:
-            base = base + [compaction_tool.TOOL]
-        if self._offer_search and history_search.NAME not in names:
-            base = base + [history_search.TOOL]
-        return base or None
+        return tools_in_effect(self.tools, tools, self.policy.offers_tool, self._offer_search)
 
     def _make_room(self, after_fn: Callable[[], int]) -> None:
         self._room.make(after_fn)

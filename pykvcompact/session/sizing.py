@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Callable, Optional
 
-from ..compaction.policy import reserve_cells, resolve_window, summary_budget
+from ..compaction.policy import SEARCH_MIN_WINDOW, reserve_cells, resolve_window, summary_budget
 from ..compaction.summary.summarizer import summarizer_request
 from ..engine.port import free_cells
 from ..compaction.prober import PROBE_PROMPT
@@ -70,6 +71,24 @@ def session_cells(engine, policy, template, tools, rubric: str, history_path: st
     return window, window + reserve_cells(policy, window, probe_tokens=probe, summarizer_tokens=summ)
 
 
+def size_session(engine, policy, template, rubric: str, history_path: str, offer_search: bool,
+                 tools_for: Callable[[bool], Optional[list]]):
+    """``(window, cells, offer_search)`` for a new session.  ``tools_for(offer_search)``: its tool list.
+    With ``history_tool=None`` and ``window=None`` the search tool is offered only if the window that fits
+    with it is at least SEARCH_MIN_WINDOW (else it would take a large share of a small window, or keep the
+    session from opening at all)."""
+    auto = policy.history_tool is None and policy.window is None and offer_search
+    try:
+        window, cells = session_cells(engine, policy, template, tools_for(offer_search), rubric, history_path)
+        if not auto or window >= SEARCH_MIN_WINDOW:
+            return window, cells, offer_search
+    except ValueError:
+        if not auto:
+            raise
+    window, cells = session_cells(engine, policy, template, tools_for(False), rubric, history_path)
+    return window, cells, False
+
+
 def resolve_session_window(engine, policy, template, tools, rubric: str, history_path: str) -> int:
     return session_cells(engine, policy, template, tools, rubric, history_path)[0]
 
@@ -104,4 +123,4 @@ def check_base(engine, policy, limits, template, tools, system) -> None:
             f"{int((need + limits.keep_recent) / max(frac, 1e-9)) + 1}, a shorter system prompt or fewer tools")
 
 
-__all__ = ["resolve_session_window", "session_cells", "check_base", "available_cells", "reserve", "release"]
+__all__ = ["resolve_session_window", "session_cells", "size_session", "check_base", "available_cells", "reserve", "release"]
