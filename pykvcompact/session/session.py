@@ -98,7 +98,6 @@ class Session(CallLoop):
         self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._offer_search = policy.offers_search
-        self._cur_tools = self._effective_tools(None)
         self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
         self.window, cells = self._size()
         self.limits = policy.limits(self.window)
