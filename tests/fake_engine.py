@@ -27,10 +27,12 @@ def default_responder(prompt: str) -> str:
         # a new fact each time, or the session stops asking the model (compaction/summary/novelty.py)
         n = next(_SUMMARIES)
         return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
-    if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)   # a note (compaction/summary/notes.py): its second line
+    if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)
+        # a note (compaction/summary/notes.py): the head the grammar offers for the output's second line
+        from pykvcompact.compaction.summary.notes import choices, heads
         output = prompt.rsplit("<|im_start|>tool\n", 1)[-1].split("<|im_end|>", 1)[0]
-        lines = [x.strip() for x in output.split("\n") if x.strip()]
-        return lines[1] if len(lines) > 1 else ""
+        offered = heads(choices(output))
+        return list(offered)[1] if len(offered) > 1 else ""
     n = prompt.count("<|im_start|>assistant")
     return f"Reply number {n}: noted and done."
 

@@ -34,6 +34,19 @@ def test_choices_grammar_and_the_lines_kept():
     assert N.noted_lines("", lines) == [] and N.noted_lines("zzz", lines) == []
 
 
+def test_syntax_lines_are_not_offered_and_heads_name_one_line_each():
+    text = "{\n  \"max_pool_size\": 40,\n  \"max_pool_size_eu\": 12,\n}\n```\n---\nretry limit is\nretry limit is 5 now"
+    lines = N.choices(text)
+    assert lines == ['"max_pool_size": 40,', '"max_pool_size_eu": 12,', "retry limit is", "retry limit is 5 now"]
+    offered = N.heads(lines)
+    # the shortest whole-word prefix (12 characters or more) no other line starts with
+    assert offered == {'"max_pool_size":': '"max_pool_size": 40,', '"max_pool_size_eu":': '"max_pool_size_eu": 12,',
+                       "retry limit is": "retry limit is", "retry limit is 5": "retry limit is 5 now"}
+    assert N.noted_lines('"max_pool_size_eu":\nretry limit is 5\nretry limit is', offered) == [
+        '"max_pool_size_eu": 12,', "retry limit is 5 now", "retry limit is"]
+    assert N.noted_lines("retry limit", offered) == []   # not a head: nothing
+
+
 def session(tmp_path, mode="background", *, bg_polls=0, window=1600, **pol):
     eng = FakeEngine(n_ctx=8192, bg_polls=bg_polls)
     return eng, pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id=mode,
