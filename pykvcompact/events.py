@@ -227,7 +227,9 @@ class CompactionSkipped(Event):
 @dataclass
 class KeptOverBudget(Event):
     """Messages that are always kept verbatim (the first user message, pinned ones) did not fit their
-    budget: ``reason`` ``"over_budget"`` (they are handed to the summarizer, whose prompt lists them) or
+    budget: ``reason`` ``"clipped"`` (kept with their middle cut, their head and end verbatim, and handed
+    whole to the summarizer), ``"over_budget"`` (too little room even for that: handed to the summarizer,
+    whose prompt lists them) or
     ``"no_room"`` (a smaller summary message was needed for the swap to fit; they stay in the history) or
     ``"no_gain"`` (the window was full and a summary keeping them freed nothing: this one summary hands them
     to the summarizer, and the next keeps them again)."""

@@ -106,3 +106,27 @@ def test_a_context_shift_in_a_summarizing_mode_summarizes_instead_of_dropping(tm
     assert "dropped" in [e.name for e in n.events[before:]]
     n.close()
 
+
+
+def test_a_first_message_over_its_budget_keeps_its_head_and_end_verbatim(tmp_path):
+    # a 300-token task at window 1024 is over the budget of messages always kept: it used to go to the
+    # summarizer only, and when the model's summary did not restate it the task was gone after one swap
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+    task = "\n".join(f"Rule {k}: always {words[k % 16]} the {words[k * 7 % 16]} before step {k}." for k in range(15))
+    task += "\nLast rule: sign every report with TEAM-ZETA."
+    for mode in ("hard", "background"):
+        s = session(tmp_path / mode, mode, 1024)
+        s.chat(task, max_tokens=8)
+        for i in range(20):
+            s.add([call(i, "read_file", path=f"f{i}.log"), out(i, tool_page(i))])
+            s.chat(f"go on {i}", max_tokens=8)
+            live = "\n".join(str(m.get("content")) for m in s.messages)
+            assert "Rule 0: always alpha the alpha before step 0." in live, (mode, i)
+            assert "Last rule: sign every report with TEAM-ZETA." in live, (mode, i)
+        assert sum(e.name == "rebased" for e in s.events) >= 3, mode
+        over = [e for e in s.events if e.name == "kept_over_budget"]
+        assert over and {e.reason for e in over} == {"clipped"}, over
+        summary = next(m["content"] for m in s.messages if m.get("summary"))
+        assert "[… middle left out …]" in summary
+        assert "Rule 7:" not in summary   # its middle is cut (it is in the history file)
+        s.close()

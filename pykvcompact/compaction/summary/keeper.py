@@ -83,17 +83,26 @@ def trim_standing(lines: Sequence[str], budget: int, count: Callable[[str], int]
     return lines
 
 
-def clip_middle(text: str, budget: int, count: Callable[[str], int]) -> str:
+CUT_MARK = " [… middle left out …] "   # the summary's header names the history file holding it whole
+MIN_CLIPPED = 48   # tokens: a must-keep message is clipped to no less (less would keep only the mark)
+
+
+def clip_middle(text: str, budget: int, count: Callable[[str], int], mark: str = " … ",
+                squash: bool = True) -> str:
     """``text`` within ``budget`` tokens, cutting its middle (a constraint at the end of a long message
-    survives as well as one at its start)."""
-    text = " ".join((text or "").split())
+    survives as well as one at its start); ``squash``: whitespace runs become one space first."""
+    text = " ".join((text or "").split()) if squash else (text or "").strip()
     if count(text) <= budget:
         return text
     lo, hi = 0, len(text) // 2
     best = ""
     while lo <= hi:  # the largest head/tail length that fits
         mid = (lo + hi) // 2
-        cand = text[:mid].rstrip() + " … " + text[len(text) - mid:].lstrip()
+        head, tail = text[:mid], text[len(text) - mid:]
+        if not squash:   # whole words on both sides of the mark
+            head = head[:head.rfind(" ")] if " " in head and not text[mid:mid + 1].isspace() else head
+            tail = tail[tail.find(" "):] if " " in tail and not text[len(text) - mid - 1:len(text) - mid].isspace() else tail
+        cand = head.rstrip() + mark + tail.lstrip()
         if count(cand) <= budget:
             best, lo = cand, mid + 1
         else:
@@ -145,13 +154,27 @@ class SummaryMeta:
     left_out: int = 0                                   # results left out for space (its section says so)
 
 
-def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None
-              ) -> Tuple[List[Candidate], List[Candidate]]:
+def clipped(c: Candidate, budget: int, count: Callable[[str], int]) -> Optional[Candidate]:
+    """``c`` with its middle cut so that it fits ``budget`` tokens (its head and its end verbatim, line
+    breaks kept, a mark where the cut is); None when less than ``MIN_CLIPPED`` tokens are left for it."""
+    if budget < MIN_CLIPPED:
+        return None
+    text = clip_middle(c.content, budget - 4, count, mark=CUT_MARK, squash=False)
+    if not text or CUT_MARK.strip() not in text:
+        return None
+    return Candidate(c.tidx, c.role, text, count(text) + 4, c.pinned, c.first)
+
+
+def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int] = None,
+              count: Optional[Callable[[str], int]] = None) -> Tuple[List[Candidate], List[Candidate]]:
     """``(kept, overflow)``: pinned messages and the first user message first (the first user message,
     then pinned ones oldest first, while they fit in ``must_limit`` tokens; None: no limit); then other
     user messages newest first while all fit in ``budget`` tokens. Both lists in transcript order; no
     duplicates: a user message whose text repeats one already kept ("Run the tests." every turn) is kept
-    once, at its newest. A message in neither list is not a user message (or a pinned one), or a repeat."""
+    once, at its newest. A message in neither list is not a user message (or a pinned one), or a repeat.
+    With ``count`` (text -> tokens), a first or pinned message over what is left of ``must_limit`` is kept
+    clipped in its middle (:func:`clipped`) and is in ``overflow`` too (the summarizer sees it whole): the
+    user's own words are never all dropped while there is room for their head and end."""
     seen, uniq = set(), []
     for c in cands:
         if c.tidx not in seen:
@@ -164,8 +187,15 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
             kept.append(c)
             used += c.tokens
             texts.add(_same_text(c.content))
-        else:
-            overflow.append(c)
+            continue
+        overflow.append(c)
+        # (half of what is left: a clipped message as large as the budget made each summary so large
+        # that the raw tail outgrew a small window after every message, and preparations restarted)
+        short = clipped(c, (must_limit - used) // 2, count) if count is not None else None
+        if short is not None:
+            kept.append(short)
+            used += short.tokens
+            texts.add(_same_text(c.content))
     for c in reversed([c for c in uniq if not (c.pinned or c.first)]):
         if c.role == "user" and _same_text(c.content) in texts:
             continue
@@ -216,5 +246,5 @@ def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
 
 
 __all__ = ["Candidate", "SummaryMeta", "plan_kept", "trim_lines", "compose", "USERS_HEADING", "CARRIED_HEADING",
-           "STANDING_HEADING", "message_text", "split_standing", "merge_standing", "trim_standing", "clip_middle",
+           "STANDING_HEADING", "message_text", "split_standing", "merge_standing", "trim_standing", "clip_middle", "clipped",
            "budget_items"]

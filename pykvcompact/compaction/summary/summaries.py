@@ -126,7 +126,8 @@ class SummaryMaker:
         if self.tight:
             kept, overflow = plan_kept(cands, 0, must_limit=0)
         else:
-            kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget())
+            kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget(),
+                                       count=lambda text: len(self.ctx.tok(text)))
         found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
         carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
         return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
@@ -196,6 +197,9 @@ class SummaryMaker:
         musts = [c for c in overflow if c.pinned or c.first]
         if musts:   # (tight: the window is full and keeping them left no gain; they come back next time)
             limit, why = (0, "no_gain") if self.tight else (self.must_budget(), "over_budget")
+            shown = {c.tidx for c in kept}
+            if not self.tight and all(c.tidx in shown for c in musts):
+                why = "clipped"   # kept with their middle cut (keeper.clipped), and handed whole to the summarizer
             self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), limit, why))
         count = lambda t: len(ctx.tok(t))  # noqa: E731
         listed, omitted = budget_items([c.content for c in overflow], self.list_budget(), count)
