@@ -21,7 +21,11 @@ void log_callback(ggml_log_level level, const char * text, void *) {
 
 const char * kClosed = "the engine is closed; create a new Engine";
 
+std::atomic<int> g_failing_starts{0};   // tests: engine starts that throw once the context exists
+
 }  // namespace
+
+void fail_next_engine_starts(int count) { g_failing_starts.store(std::max(0, count)); }
 
 // ================================================================ lifecycle
 
@@ -76,6 +80,22 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
         throw EngineError("llama.cpp could not create a context (n_ctx=" + std::to_string(opts.n_ctx) +
                           ", n_seq_max=" + std::to_string(opts.n_seq_max) + "); try a smaller n_ctx");
     }
+    try {
+        start(opts);
+    } catch (...) {
+        // the destructor does not run for a constructor that throws: free what exists, stop what runs
+        inbox_->stop();
+        if (thread_.joinable()) thread_.join();
+        kv_.reset();
+        llama_free(ctx_);
+        ctx_ = nullptr;
+        llama_model_free(model_);
+        model_ = nullptr;
+        throw;
+    }
+}
+
+void Engine::start(const EngineOptions & opts) {
     llama_memory_t mem = llama_get_memory(ctx_);
     n_ctx_ = llama_n_ctx(ctx_);
     // llama.cpp may lower n_batch (it never exceeds n_ctx); a bigger batch would trip a GGML_ASSERT.
@@ -90,6 +110,9 @@ Engine::Engine(const EngineOptions & opts) : opts_(opts) {
     share_ = BackgroundShare(opts.background_share >= 0.0 ? opts.background_share : on_gpu ? 1.0 : kCpuBackgroundShare);
     background_only_rows_ = (int) opts.background_chunk;
     kv_ = std::make_unique<KvBook>(ctx_, vocab_, n_ctx_, opts.n_seq_max, opts_.n_batch, !recurrent_state());
+    int failing = g_failing_starts.load();
+    while (failing > 0 && !g_failing_starts.compare_exchange_weak(failing, failing - 1)) {}
+    if (failing > 0) throw EngineError("the engine thread could not be started (injected by a test)");
     thread_ = std::thread([this] { loop(); });
     engine_thread_id_ = thread_.get_id();
     kv_->bind_thread(engine_thread_id_);

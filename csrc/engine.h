@@ -63,6 +63,10 @@ struct SeqSnapshot {
     std::vector<uint8_t> state;    // llama_state_seq_get_data of the sequence's slot
 };
 
+// Tests: the next ``count`` engines throw once their context exists, before the engine thread starts
+// (the constructor must then free the context and the model it created).
+void fail_next_engine_starts(int count);
+
 class Engine {
 public:
     // Is a decode of this engine being cut short for foreground work? (llama.cpp then logs errors,
@@ -141,6 +145,7 @@ private:
     void end_tasks_touching(uint64_t handle, const std::string & why);
 
     // the step loop (engine_step.cpp)
+    void start(const EngineOptions & opts);   // the constructor's part after the context exists
     void loop();
     bool step();
     bool end_cancelled_queued_tasks();

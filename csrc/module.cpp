@@ -50,6 +50,8 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "pykvcompact native engine (one llama.cpp context, one engine thread, many KV sequences)";
     m.attr("LLAMA_CPP_HEADER_BUILD") = py::str("llama-cpp-python 0.3.36");
     register_translators();
+    m.def("fail_next_engine_starts", &fail_next_engine_starts, py::arg("count"),
+          "Tests: the next `count` engines fail to start after creating their context.");
 
     py::class_<Job, std::shared_ptr<Job>>(m, "Job")
         .def("done", &Job::done)
@@ -168,13 +170,15 @@ PYBIND11_MODULE(_native, m) {
         .def("seq_close", &Engine::seq_close, py::arg("handle"), Release())
         .def("seq_generate", [](Engine & e, uint64_t h, int max_tokens, float temperature, float top_p, int64_t seed,
                                 const std::vector<llama_token> & stop_tokens, const std::vector<std::string> & stop_strings,
-                                const std::string & grammar, int kind) {
+                                const std::string & grammar, int kind, int top_k, float min_p) {
             SamplingParams sp;
             sp.temperature = temperature; sp.top_p = top_p; sp.grammar = grammar;
+            sp.top_k = top_k; sp.min_p = min_p;
             sp.seed = seed < 0 ? 0xFFFFFFFFu : (uint32_t) (seed % 0xFFFFFFFFll);
             return e.seq_generate(h, max_tokens, sp, stop_tokens, stop_strings, (RowKind) kind);
         }, py::arg("handle"), py::arg("max_tokens"), py::arg("temperature"), py::arg("top_p"), py::arg("seed"),
-           py::arg("stop_tokens"), py::arg("stop_strings"), py::arg("grammar"), py::arg("kind"), Release())
+           py::arg("stop_tokens"), py::arg("stop_strings"), py::arg("grammar"), py::arg("kind"),
+           py::arg("top_k") = 0, py::arg("min_p") = 0.0f, Release())
         .def("prepare_rebase", [](Engine & e, uint64_t h, size_t kp, const std::vector<llama_token> & repl, size_t kf, bool splice) {
             return e.prepare_rebase(h, kp, repl, kf, splice);
         }, py::arg("handle"), py::arg("keep_prefix"), py::arg("replacement"), py::arg("keep_from"), py::arg("splice"),

@@ -10,6 +10,9 @@ Sampler::Sampler(const llama_vocab * vocab, const SamplingParams & p) {
         throw std::invalid_argument("temperature must be a finite number >= 0, got " + std::to_string(p.temperature));
     if (!std::isfinite(p.top_p) || p.top_p <= 0.0f || p.top_p > 1.0f)
         throw std::invalid_argument("top_p must be in (0, 1], got " + std::to_string(p.top_p));
+    if (p.top_k < 0) throw std::invalid_argument("top_k must be >= 0 (0: off), got " + std::to_string(p.top_k));
+    if (!std::isfinite(p.min_p) || p.min_p < 0.0f || p.min_p >= 1.0f)
+        throw std::invalid_argument("min_p must be in [0, 1) (0: off), got " + std::to_string(p.min_p));
     if (!p.grammar.empty()) {
         grammar_ = llama_sampler_init_grammar(vocab, p.grammar.c_str(), "root");
         if (!grammar_) throw std::invalid_argument("grammar does not parse as GBNF with a 'root' rule");
@@ -19,7 +22,10 @@ Sampler::Sampler(const llama_vocab * vocab, const SamplingParams & p) {
         llama_sampler_chain_params cp = llama_sampler_chain_default_params();
         cp.no_perf = true;
         chain_ = llama_sampler_chain_init(cp);
+        // top-k first: it cuts a 152k vocabulary to k candidates before top-p sorts them
+        if (p.top_k > 0) llama_sampler_chain_add(chain_, llama_sampler_init_top_k(p.top_k));
         if (p.top_p < 1.0f) llama_sampler_chain_add(chain_, llama_sampler_init_top_p(p.top_p, 1));
+        if (p.min_p > 0.0f) llama_sampler_chain_add(chain_, llama_sampler_init_min_p(p.min_p, 1));
         llama_sampler_chain_add(chain_, llama_sampler_init_temp(p.temperature));
         llama_sampler_chain_add(chain_, llama_sampler_init_dist(p.seed));
     }

@@ -1,5 +1,5 @@
 // Picks the next token from a logits row: argmax for greedy decoding, llama.cpp's sampler chain
-// (top-p, temperature, seeded distribution) otherwise, and a GBNF grammar checked lazily: the chain
+// (top-k, top-p, min-p, temperature, seeded distribution) otherwise, and a GBNF grammar checked lazily: the chain
 // picks first and only that token is checked; the full grammar pass runs when it is rejected.
 #pragma once
 
@@ -14,6 +14,8 @@ namespace pkc {
 struct SamplingParams {
     float temperature = 0.0f;
     float top_p = 1.0f;
+    int32_t top_k = 0;     // 0: off
+    float min_p = 0.0f;    // 0: off
     uint32_t seed = 0;
     std::string grammar;  // GBNF, root rule "root"; empty for none
 };

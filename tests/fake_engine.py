@@ -160,7 +160,8 @@ class FakeSeq:
         self.engine.generated[kind] += len(out)
         return out, finish
 
-    def generate(self, max_tokens, *, temperature=0.0, top_p=1.0, seed=None, stop=(), grammar=None):
+    def generate(self, max_tokens, *, temperature=0.0, top_p=1.0, seed=None, stop=(), grammar=None, top_k=0,
+                 min_p=0.0):
         return self._gen(max_tokens, stop, "foreground")[0]
 
     def stream(self, max_tokens, **kw):

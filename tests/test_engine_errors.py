@@ -118,6 +118,15 @@ def test_truncate_past_end_and_bad_values(tiny_engine):
             s.generate(2, temperature=-1.0)
         with pytest.raises(ValueError, match="top_p"):
             s.generate(2, temperature=0.5, top_p=0.0)
+        with pytest.raises(ValueError, match="top_k"):
+            s.generate(2, temperature=0.5, top_k=-1)
+        with pytest.raises(TypeError, match="top_k"):
+            s.generate(2, temperature=0.5, top_k=2.5)
+        for bad in (-0.1, 1.0, float("nan")):
+            with pytest.raises(ValueError, match="min_p"):
+                s.generate(2, temperature=0.5, min_p=bad)
+        with pytest.raises(TypeError, match="min_p"):
+            s.generate(2, temperature=0.5, min_p="0.1")
         with pytest.raises(ValueError, match="labels"):
             s.probe([1], labels=("ONLY",))
         assert len(s) == 10

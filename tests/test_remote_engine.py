@@ -232,6 +232,21 @@ def test_generation_semantics_and_a_resumed_stream(stub):
         eng.tokenize("x")
 
 
+def test_top_k_and_min_p_are_sent_only_when_set(stub):
+    eng = pk.RemoteEngine(stub.url, "stub")
+    try:
+        seq = eng.sequence(eng.tokenize("Q: "))
+        seq.generate(2, temperature=0.8)
+        assert "top_k" not in stub.completions[-1] and "min_p" not in stub.completions[-1]   # (OpenAI refuses them)
+        seq.generate(2, temperature=0.8, top_k=40, min_p=0.05)
+        assert stub.completions[-1]["top_k"] == 40 and stub.completions[-1]["min_p"] == 0.05
+        for bad in ({"top_k": -1}, {"top_k": True}, {"min_p": 1.0}, {"min_p": "0.1"}):
+            with pytest.raises(ValueError, match="top_k|min_p"):
+                seq.generate(2, **bad)
+    finally:
+        eng.close()
+
+
 def test_background_job_cancel_keeps_what_was_generated(stub):
     eng = pk.RemoteEngine(stub.url, "stub", tokenizer=CharTok())
     try:

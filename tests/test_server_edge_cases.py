@@ -123,6 +123,22 @@ def test_out_of_range_seed_is_a_400(srv, seed):
     assert r.json()["error"]["param"] == "seed"
 
 
+@pytest.mark.parametrize("field, value", [("top_k", -1), ("top_k", 2 ** 31), ("top_k", 1.5), ("min_p", 1.0),
+                                          ("min_p", -0.5)])
+def test_out_of_range_top_k_or_min_p_is_a_400(srv, field, value):
+    r = _post(srv, {"messages": USER, "max_tokens": 2, field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+def test_top_k_and_min_p_reach_the_sampler(srv):
+    greedy = _post(srv, {"messages": USER, "max_tokens": 6, "temperature": 0})
+    one = _post(srv, {"messages": USER, "max_tokens": 6, "temperature": 1.5, "top_k": 1, "min_p": 0.05, "seed": 9})
+    assert greedy.status_code == one.status_code == 200, one.text
+    # one candidate left: the draw is the argmax
+    assert one.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+
+
 def test_largest_seed_is_accepted(srv):
     r = _post(srv, {"messages": USER, "max_tokens": 2, "seed": 2 ** 63 - 1, "temperature": 0.7})
     assert r.status_code == 200, r.text

@@ -74,3 +74,24 @@ def test_tiny_splice_rebase_keeps_the_tail_cells(mode, tiny_engine, tmp_path):
         assert r["usage"]["completion_tokens"] >= 1
     finally:
         s.close()
+
+
+def test_tiny_chat_passes_top_k_and_min_p_to_the_sampler(tiny_engine, tmp_path):
+    replies = []
+    for k, sampling in enumerate([{}, {"temperature": 1.5, "top_k": 1, "seed": 4},
+                                  {"temperature": 1.5, "min_p": 0.999999, "seed": 8}]):
+        s = pk.Session(tiny_engine, system="sys", history_dir=tmp_path / str(k),
+                       policy=pk.Policy(mode="none", window=384, compact_tool=False, history_tool=False))
+        try:
+            replies.append(s.chat(_turn_text(1), max_tokens=8, **sampling)["choices"][0]["message"]["content"])
+        finally:
+            s.close()
+    assert replies[0] == replies[1] == replies[2]   # one candidate left: the draw is the argmax
+    s = pk.Session(tiny_engine, system="sys", history_dir=tmp_path / "bad",
+                   policy=pk.Policy(mode="none", window=384, compact_tool=False, history_tool=False))
+    try:
+        with pytest.raises(ValueError, match="top_k"):
+            s.chat("hi", max_tokens=2, temperature=1.0, top_k=-3)
+        assert s.chat("hi", max_tokens=2)["choices"][0]["message"]["role"] == "assistant"   # still usable
+    finally:
+        s.close()

@@ -127,7 +127,7 @@ def check_tools(tools) -> List[dict]:
     return out
 
 
-SAMPLING = ("temperature", "top_p", "seed", "stop", "grammar")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "grammar")
 
 
 def check_sampling(sampling: dict):

@@ -100,28 +100,37 @@ class Sequence:
         return job
 
     def generate(self, max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 stop: Iterable[int | str] = (), grammar: str | None = None, stream: bool = False):
+                 stop: Iterable[int | str] = (), grammar: str | None = None, stream: bool = False,
+                 top_k: int = 0, min_p: float = 0.0):
         """Generate up to max_tokens tokens (appended to the sequence). An end-of-generation token
         stops it and is neither returned nor appended; a stop token id or stop string stops it after
         the token that completes it (that token is kept). ``grammar`` is GBNF with a ``root`` rule.
+        With ``temperature`` > 0 the token is drawn from the ``top_k`` most likely (0: all), then the
+        ``top_p`` nucleus, then those at least ``min_p`` times as likely as the best (0: all), in that
+        order as in llama.cpp; a small ``top_k`` spares sorting a large vocabulary for ``top_p``.
         With ``stream=True`` it returns an iterator of tokens instead (see ``stream()``)."""
-        job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND)
+        job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND, top_k, min_p)
         return job.stream() if stream else job.result()
 
     def stream(self, max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-               stop: Iterable[int | str] = (), grammar: str | None = None) -> Iterator[int]:
+               stop: Iterable[int | str] = (), grammar: str | None = None, top_k: int = 0,
+               min_p: float = 0.0) -> Iterator[int]:
         """Like generate(), yielding each token as soon as it is decoded. Closing the iterator early
         cancels the generation (tokens already decoded stay in the sequence)."""
-        job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND)
+        job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND, top_k, min_p)
         return job.stream()
 
     def generate_background(self, max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
-                            seed: int | None = None, stop: Iterable[int | str] = (), grammar: str | None = None) -> Job:
+                            seed: int | None = None, stop: Iterable[int | str] = (), grammar: str | None = None,
+                            top_k: int = 0, min_p: float = 0.0) -> Job:
         """Generate as background work: one row per decode step, batched with foreground work."""
-        return self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, BACKGROUND)
+        return self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, BACKGROUND, top_k, min_p)
 
-    def _start_generate(self, max_tokens, temperature, top_p, seed, stop, grammar, kind) -> Job:
+    def _start_generate(self, max_tokens, temperature, top_p, seed, stop, grammar, kind, top_k=0, min_p=0.0) -> Job:
         max_tokens = check_int("max_tokens", max_tokens, 0)
+        top_k = min(check_int("top_k", top_k, 0), 2 ** 31 - 1)   # (a larger k is all of any vocabulary)
+        if isinstance(min_p, bool) or not isinstance(min_p, (int, float, np.floating)):
+            raise TypeError(f"min_p must be a number in [0, 1), got {min_p!r}")
         if isinstance(stop, (bytes, bytearray)):
             raise TypeError("stop must be a string, a token id, or a list of them; decode bytes to str first")
         if isinstance(stop, (str, int)):
@@ -141,7 +150,7 @@ class Sequence:
             seed = check_int("seed", seed, 0)
         native_job = self._n().seq_generate(self._h, max_tokens, float(temperature), float(top_p),
                                             -1 if seed is None else seed, stop_tokens, stop_strings,
-                                            grammar or "", kind)
+                                            grammar or "", kind, top_k=top_k, min_p=float(min_p))
         return Job(native_job, self)
 
     def fork(self, n: int | None = None) -> "Sequence":

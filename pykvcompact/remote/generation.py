@@ -29,11 +29,17 @@ MAX_ROUNDS = 8  # requests per generation (continuations included)
 
 class Generation:
     def __init__(self, engine, prompt_tokens: Sequence[int], max_tokens: int, *, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: Optional[int] = None, stop=(), grammar: Optional[str] = None):
+                 top_p: float = 1.0, seed: Optional[int] = None, stop=(), grammar: Optional[str] = None,
+                 top_k: int = 0, min_p: float = 0.0):
         self.engine = engine
         self.prompt_tokens = list(prompt_tokens)
         self.max_tokens = int(max_tokens)
         self.sampling = {"temperature": float(temperature), "top_p": float(top_p)}
+        # (sent only when set: llama-server, vLLM and llama-cpp-python take them; OpenAI refuses them)
+        if top_k:
+            self.sampling["top_k"] = int(top_k)
+        if min_p:
+            self.sampling["min_p"] = float(min_p)
         if seed is not None:
             self.sampling["seed"] = int(seed)
         self.grammar = grammar

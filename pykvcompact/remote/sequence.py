@@ -116,18 +116,23 @@ class RemoteSequence:
         return RemoteSequence(self.engine, toks)
 
     # ------------------------------------------------------------------ generation
-    def _generation(self, max_tokens, temperature=0.0, top_p=1.0, seed=None, stop=(), grammar=None) -> Generation:
+    def _generation(self, max_tokens, temperature=0.0, top_p=1.0, seed=None, stop=(), grammar=None, top_k=0,
+                    min_p=0.0) -> Generation:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         if grammar is not None and not isinstance(grammar, str):
             raise TypeError("grammar must be a GBNF string")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
+        if isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0.0 <= min_p < 1.0:
+            raise ValueError(f"min_p must be a number in [0, 1) (0: off), got {min_p!r}")
         toks = self.tokens
         room = self.engine.n_ctx - len(toks)
         if room <= 0 and max_tokens > 0:
             raise errors.ContextFullError(f"the sequence holds {len(toks)} tokens: no room left in the server's "
                                           f"context of {self.engine.n_ctx}")
         return Generation(self.engine, toks, min(max_tokens, max(room, 0)), temperature=temperature, top_p=top_p,
-                          seed=seed, stop=stop, grammar=grammar)
+                          seed=seed, stop=stop, grammar=grammar, top_k=top_k, min_p=min_p)
 
     def _keep(self, gen: Generation) -> None:
         with self._lock:

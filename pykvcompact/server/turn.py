@@ -33,6 +33,10 @@ class Turn:
         self.tools = req.tool_dicts()
         forced = req.forced_tool()
         self.sampling = {"temperature": req.temperature, "top_p": req.top_p}
+        if req.top_k:
+            self.sampling["top_k"] = req.top_k
+        if req.min_p:
+            self.sampling["min_p"] = req.min_p
         if req.seed is not None:
             self.sampling["seed"] = req.seed
         if req.stop_list():
