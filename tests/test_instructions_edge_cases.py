@@ -231,7 +231,11 @@ def test_pins_over_budget_emit_an_event(tmp_path):
     for i in range(30):
         tool_turn(s, i)
     ev = [e for e in s.events if e.name == "kept_over_budget"]
-    assert ev and ev[0].reason == "over_budget" and ev[0].messages
+    assert ev and all(e.messages for e in ev)
+    # the first swap reports the pins over budget: those it kept with their middle cut, and the rest
+    assert (ev[0].reason, ev[1].reason) == ("clipped", "over_budget")
+    pinned = {i for i, m in enumerate(s.transcript) if m.get("role") == "user" and "PIN" in str(m.get("content"))}
+    assert set(ev[0].messages + ev[1].messages) <= pinned
 
 
 def test_huge_keep_user_tokens_is_clamped(tmp_path):

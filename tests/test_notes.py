@@ -274,3 +274,15 @@ def test_every_output_is_accounted_for_when_a_swap_cancels_the_note_being_writte
     pending = len(taker._waiting) + taker.writing
     assert len(noted) + len(skipped) + pending == len(outputs), (noted, skipped, pending)
     s.close()
+
+
+def test_heads_of_aligned_columns_and_whole_lines_map_back_to_their_line():
+    out = ("NAME                      READY   STATUS             RESTARTS   AGE\n"
+           "db-0                      0/1     CrashLoopBackOff   42         3d\n"
+           "db-1                      1/1     Running            0          3d")
+    offered = N.heads(N.choices(out))
+    assert all(not h.endswith(" ") for h in offered)   # (the model's lines are read stripped)
+    db0 = next(h for h, line in offered.items() if line.startswith("db-0"))
+    assert N.noted_lines(db0 + "   \n", offered) == [offered[db0]]
+    whole = offered[db0]   # a backend that ignores the grammar copies the whole line
+    assert N.noted_lines(whole, offered) == [whole]

@@ -130,3 +130,57 @@ def test_a_first_message_over_its_budget_keeps_its_head_and_end_verbatim(tmp_pat
         assert "[… middle left out …]" in summary
         assert "Rule 7:" not in summary   # its middle is cut (it is in the history file)
         s.close()
+
+
+TASK_RULES = "\n".join(f"Rule {k}: always {w} the report before step {k}." for k, w in enumerate(
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar".split()))
+
+
+def test_a_clip_never_drops_the_word_after_a_long_run_without_spaces():
+    from pykvcompact.compaction.summary.keeper import Candidate, clipped
+    count = lambda t: len(t) // 4 + 1   # noqa: E731 - about 4 characters a token
+    blob = "".join(f"{k:02x}" for k in range(256)) * 3
+    for text, rule in [(f"Restore the database from this dump:\n{blob}\nNever delete the backups.",
+                        "Never delete the backups."),
+                       ("Import this CSV:\n" + "\n".join(f"{k},user{k},{k * 3.5}" for k in range(300))
+                        + "\nSkip rows with amount over 900.", "Skip rows with amount over 900.")]:
+        for budget in (40, 64, 128):
+            c = clipped(Candidate(1, "user", text, count(text) + 4, False, True), budget, count)
+            assert c is not None and c.content.endswith(rule), (budget, c.content[-80:])
+            assert c.tokens <= budget and c.tokens >= budget // 2, (budget, c.tokens)   # the budget is used
+
+
+def test_pinned_messages_that_fit_stay_whole_beside_a_clipped_first_message(tmp_path):
+    pins = ["PINNED-ONE: " + " ".join(f"never edit module{k}.py" for k in range(14)),
+            "PINNED-TWO: " + " ".join(f"always log case{k}" for k in range(14))]
+    s = session(tmp_path, "hard", 2048)
+    s.chat(TASK_RULES * 2, max_tokens=8)
+    for p in pins:
+        s.chat(p, max_tokens=8)
+        s.pin(len(s.transcript) - 2)
+    for i in range(12):
+        s.add([call(i, "read_file", path=f"f{i}.log"), out(i, tool_page(i))])
+        s.chat(f"go on {i}", max_tokens=8)
+    assert sum(e.name == "rebased" for e in s.events) >= 2
+    summary = next(m["content"] for m in s.messages if m.get("summary"))
+    assert all(p in summary for p in pins) and "Rule 0: always alpha" in summary
+    assert {e.reason for e in s.events if e.name == "kept_over_budget"} == {"clipped"}
+    s.close()
+
+
+def test_the_task_comes_back_after_a_swap_that_had_no_room_for_it(tmp_path):
+    def tool_turn(i, n):
+        c = {"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        s.add([{"role": "assistant", "content": None, "tool_calls": [c]},
+               {"role": "tool", "tool_call_id": f"c{i}", "content": " ".join(f"w{i}_{k}" for k in range(n))}])
+    s = session(tmp_path, "hard", 800, keep_user_tokens=266)
+    s.chat(TASK_RULES + "\nLast rule: sign every report with TEAM-ZETA.", max_tokens=8)
+    tool_turn(0, 100)
+    tool_turn(1, 280)   # a swap that must shrink its summary message: the task is left out of it
+    assert ("no_room" in {e.reason for e in s.events if e.name == "kept_over_budget"})
+    for k in range(4):
+        s.chat(f"q{k}", max_tokens=8)
+        tool_turn(2 + k, 30)
+    live = "\n".join(str(m.get("content")) for m in s.messages)
+    assert "Rule 0: always alpha" in live and "TEAM-ZETA" in live
+    s.close()

@@ -84,7 +84,27 @@ def trim_standing(lines: Sequence[str], budget: int, count: Callable[[str], int]
 
 
 CUT_MARK = " [… middle left out …] "   # the summary's header names the history file holding it whole
-MIN_CLIPPED = 48   # tokens: a must-keep message is clipped to no less (less would keep only the mark)
+MIN_CLIPPED = 40   # tokens: a must-keep message is clipped to no less (less would keep little but the mark)
+
+
+WORD_REACH = 40   # characters a cut moves to reach a space or a line break (past that: a long run, cut inside it)
+
+
+def _whole_words(text: str, keep: int) -> Tuple[str, str]:
+    """The first and last ``keep`` characters of ``text``, each cut back to the nearest whitespace (a line
+    break too) within WORD_REACH characters, so that no word is split or silently dropped at the mark:
+    a tail that started inside "…dump\nNever delete" must not start at "delete"."""
+    head, tail = text[:keep], text[len(text) - keep:]
+    if keep < len(text) and not text[keep].isspace():
+        cut = max(head.rfind(c) for c in " \n\t")
+        if cut >= 0 and keep - cut <= WORD_REACH:
+            head = head[:cut]
+    start = len(text) - keep
+    if start > 0 and not text[start - 1].isspace():
+        cut = min((i for i in (tail.find(c) for c in " \n\t") if i >= 0), default=-1)
+        if 0 <= cut <= WORD_REACH:
+            tail = tail[cut:]
+    return head, tail
 
 
 def clip_middle(text: str, budget: int, count: Callable[[str], int], mark: str = " … ",
@@ -99,9 +119,8 @@ def clip_middle(text: str, budget: int, count: Callable[[str], int], mark: str =
     while lo <= hi:  # the largest head/tail length that fits
         mid = (lo + hi) // 2
         head, tail = text[:mid], text[len(text) - mid:]
-        if not squash:   # whole words on both sides of the mark
-            head = head[:head.rfind(" ")] if " " in head and not text[mid:mid + 1].isspace() else head
-            tail = tail[tail.find(" "):] if " " in tail and not text[len(text) - mid - 1:len(text) - mid].isspace() else tail
+        if not squash:
+            head, tail = _whole_words(text, mid)
         cand = head.rstrip() + mark + tail.lstrip()
         if count(cand) <= budget:
             best, lo = cand, mid + 1
@@ -182,16 +201,21 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
             uniq.append(c)
     kept, overflow, used = [], [], 0
     texts = set()
+    over = []
     for c in sorted((c for c in uniq if c.pinned or c.first), key=lambda c: (not c.first, c.tidx)):
         if must_limit is None or used + c.tokens <= must_limit:
             kept.append(c)
             used += c.tokens
             texts.add(_same_text(c.content))
-            continue
+        else:
+            over.append(c)
+    for c in over:   # clipped with what the whole ones left (a pinned message that fits stays whole)
         overflow.append(c)
-        # (half of what is left: a clipped message as large as the budget made each summary so large
-        # that the raw tail outgrew a small window after every message, and preparations restarted)
-        short = clipped(c, (must_limit - used) // 2, count) if count is not None else None
+        # (half of what is left, MIN_CLIPPED at least: a clipped message as large as the budget made each
+        # summary so large that the raw tail outgrew a small window after every message, and
+        # preparations restarted)
+        left = must_limit - used
+        short = clipped(c, min(left, max(MIN_CLIPPED, left // 2)), count) if count is not None else None
         if short is not None:
             kept.append(short)
             used += short.tokens

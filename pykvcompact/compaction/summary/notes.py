@@ -7,8 +7,8 @@ user message, clipped): without it Qwen2.5-Coder-1.5B copied a config's first li
 asked keys in ``bench/notes.py``; 3 of 4 with it).  The note is written on a fork of
 the live sequence (only the short request is prefilled; the output is already in the KV cache), by the engine
 thread in background rows next to the conversation's decoding, and the fork is dropped when it is done.  A
-grammar allows only lines of that output, so the model chooses and cannot misquote; lines that are not in the
-output (a backend that ignores grammars) are discarded.  When a summary replaces the span, the note takes the
+grammar allows only the heads of that output's lines (``heads``), so the model chooses and cannot misquote;
+what names no line (a backend that ignores grammars) is discarded.  When a summary replaces the span, the note takes the
 place of the structural excerpt of that output (``results.py``), with the priority of the assistant's own
 statements: what is kept of a long output is then what the model chose, not its last line.
 
@@ -101,6 +101,8 @@ def heads(lines: List[str]) -> Dict[str, str]:
         words, head = line.split(" "), line
         for k in range(1, len(words)):
             h = " ".join(words[:k])
+            if not words[k - 1]:
+                continue   # a head ending in padding (aligned columns): the model's line is read stripped
             if len(h) >= MIN_HEAD_CHARS and not any(o != line and o.startswith(h) for o in lines):
                 head = h
                 break
@@ -116,8 +118,13 @@ def grammar(lines: List[str], most: int = MAX_LINES) -> str:
 
 def noted_lines(text: str, offered) -> List[str]:
     """The lines of the output the model's note names, each once, at most MAX_LINES: ``offered`` is the
-    lines themselves, or :func:`heads` (a head -> its whole line)."""
-    whole = offered if isinstance(offered, dict) else {x: x for x in offered}
+    lines themselves, or :func:`heads` (a head -> its whole line; a whole line is taken too, from a
+    backend that ignores the grammar)."""
+    if isinstance(offered, dict):
+        whole = {line: line for line in offered.values()}
+        whole.update({head.strip(): line for head, line in offered.items()})
+    else:
+        whole = {x: x for x in offered}
     out: List[str] = []
     for raw in (text or "").split("\n"):
         line = whole.get(raw.strip())

@@ -9,8 +9,7 @@ from typing import Dict, List, Optional
 from ... import events as ev
 from ...chat.template import common_prefix_len
 from ..policy import summary_budget
-from .summarizer import (FIRST_HEADING, FIRST_REQUEST, LAST_REQUEST, SUMMARY_HEADER, fallback_summary,
-                         looks_like_tool_call, summarizer_request, without_repeated_requests)
+from .summarizer import (FIRST_HEADING, SUMMARY_HEADER, summarizer_request, without_repeated_requests)
 from ...session.context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
                      message_text, plan_kept, split_standing, trim_lines, trim_standing)
@@ -23,6 +22,8 @@ from .notes import NoteTaker
 from .job import Summary, SummaryJob
 from ...engine.port import free_cells
 from ..swap import Replacement
+from .shares import SummaryShares
+from .fallback import fallback_text, give_up, trim_lines_end, users_words
 
 
 MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
@@ -57,6 +58,7 @@ class SummaryMaker:
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
         self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
         self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
+        self.shares = SummaryShares(ctx, limits, self.budget)
         self.searchable = False   # the session offers search_history (the summary says so)
         self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
         self.not_asked = 0        # summaries written without the model since it was last asked
@@ -122,64 +124,33 @@ class SummaryMaker:
                 pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
                 cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
                                        pinned, e.tidx == first))
-        cands.extend(self._pinned_elsewhere(cands))
+        cands.extend(self._musts_elsewhere(cands))
         if self.tight:
             kept, overflow = plan_kept(cands, 0, must_limit=0)
         else:
-            kept, overflow = plan_kept(cands, self.user_budget(), must_limit=self.must_budget(),
+            kept, overflow = plan_kept(cands, self.shares.users(), must_limit=self.shares.musts(),
                                        count=lambda text: len(self.ctx.tok(text)))
         found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
         carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
         return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
                     list(results))
 
-    def results_share(self, results: List[str]) -> int:
-        """Tokens of the summary text budget the copied lines take from the model's summary (at most a
-        quarter: the model writes the rest; the lines also get what the other parts leave)."""
-        if not results:
-            return 0
-        need = len(self.ctx.tok(res.section(results)))
-        return min(need, self.text_budget() // 4)
-
-    def _pinned_elsewhere(self, cands) -> List[Candidate]:
-        """Messages pinned after they left the live context: they come back verbatim in this summary."""
+    def _musts_elsewhere(self, cands) -> List[Candidate]:
+        """The first user message and the pinned messages that neither the live context nor its summaries
+        hold (pinned after they left it, or dropped by a swap that had no room for them): they come back
+        verbatim in this summary."""
         held = {c.tidx for c in cands} | {e.tidx for e in self.ctx.entries if not e.summary}
         for e in self.ctx.entries:
             if e.summary:
                 held.update(c.tidx for c in self.meta.get(id(e.msg), SummaryMeta()).kept)
+        first = self._first_user()
         out = []
-        for i in sorted(self.ledger.pinned - held):
+        for i in sorted((self.ledger.pinned | ({first} if first is not None else set())) - held):
             m = self.ledger.transcript[i]
             text = message_text(m)
-            out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, True, False))
+            out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, self.ledger.is_pinned(i),
+                                 i == first))
         return out
-
-    def room(self) -> int:
-        """Tokens between the prefix plus keep_recent and hard.  A summary message takes at most the
-        policy's :class:`~..policy.SummaryBudget` (the cells reserved for it), and each part at most a
-        share of the room (a quarter for the summary text, half for the messages kept verbatim, an eighth
-        each for other user messages and the carried text), so that a swap always leaves room to work."""
-        return max(0, self.limits.hard - self.ctx.prefix_tok() - self.limits.keep_recent)
-
-    def user_budget(self) -> int:
-        return min(self.budget.users, self.limits.keep_user, self.room() // 8)
-
-    def must_budget(self) -> int:
-        """The first user message and pinned messages are kept beyond the user budget, within the policy's
-        ``kept`` budget (what the reservation counts) and half of the room: a summary message bigger than
-        what it replaces would gain nothing (those over it are handed to the summarizer, listed in its
-        prompt with the instruction to copy every constraint, and a ``kept_over_budget`` event says so)."""
-        return max(self.user_budget(), min(self.budget.kept, self.room() // 2))
-
-    def text_budget(self) -> int:
-        return max(16, min(self.budget.text, self.limits.summary, self.room() // 4))
-
-    def carry_budget(self) -> int:
-        return min(self.budget.carried, self.room() // 8)
-
-    def list_budget(self) -> int:
-        """Tokens of over-budget user messages quoted in the summarizer's prompt (the fork's cells)."""
-        return max(16, min(self.budget.listed, self.room() // 4))
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool,
@@ -196,13 +167,16 @@ class SummaryMaker:
         self.summarized_users.extend(c.tidx for c in overflow)
         musts = [c for c in overflow if c.pinned or c.first]
         if musts:   # (tight: the window is full and keeping them left no gain; they come back next time)
-            limit, why = (0, "no_gain") if self.tight else (self.must_budget(), "over_budget")
+            limit, why = (0, "no_gain") if self.tight else (self.shares.musts(), "over_budget")
             shown = {c.tidx for c in kept}
-            if not self.tight and all(c.tidx in shown for c in musts):
-                why = "clipped"   # kept with their middle cut (keeper.clipped), and handed whole to the summarizer
-            self.emit(ev.KeptOverBudget([c.tidx for c in musts], sum(c.tokens for c in musts), limit, why))
+            # "clipped": kept with their middle cut (keeper.clipped), and handed whole to the summarizer
+            for group, reason in (([c for c in musts if c.tidx in shown], "clipped"),
+                                  ([c for c in musts if c.tidx not in shown], why)):
+                if group:
+                    self.emit(ev.KeptOverBudget([c.tidx for c in group], sum(c.tokens for c in group), limit,
+                                                reason))
         count = lambda t: len(ctx.tok(t))  # noqa: E731
-        listed, omitted = budget_items([c.content for c in overflow], self.list_budget(), count)
+        listed, omitted = budget_items([c.content for c in overflow], self.shares.listed(), count)
         base = ctx.views()[:mark]
 
         def prompt(shorter: bool) -> List[int]:
@@ -221,7 +195,7 @@ class SummaryMaker:
 
         # (an earlier summary is carried on its own: the fallback does not quote it again)
         msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
-        budget = self.text_budget()   # the model writes first; the copied lines fit in what is left
+        budget = self.shares.text()   # the model writes first; the copied lines fit in what is left
         writes = budget if affordable is None else min(budget, affordable)
         skip, skip_reason = "", ""
         if affordable is not None and writes < MIN_MODEL_TOKENS:   # only the paced background path
@@ -231,12 +205,12 @@ class SummaryMaker:
         elif not (instructions or trigger in ("manual", "tool") or self.asks_model()):
             skip, skip_reason = (f"the model's last {self.said_nothing} summaries said nothing the summary message "
                                  "does not carry anyway: the extractive summary is used", "uninformative")
-        over, spare = [c.content for c in overflow], self.spare(kept)
+        over, spare = [c.content for c in overflow], self.shares.spare(kept)
         # a fallback's standing instructions beyond its budget only while the swap still gains clearly
         p_tok, m_tok = ctx.span(mark)[:2]
-        spare = max(0, min(spare, (m_tok - p_tok) // 2 - sum(c.tokens for c in kept) - self.text_budget() - 64))
+        spare = max(0, min(spare, (m_tok - p_tok) // 2 - sum(c.tokens for c in kept) - self.shares.text() - 64))
         return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
-                          fallback=lambda reason: self.fallback_text(msgs, reason, budget, over, spare),
+                          fallback=lambda reason: fallback_text(msgs, reason, budget, count, over, spare),
                           detok=ctx.detok,
                           max_tokens=max(writes, 1), timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
@@ -256,32 +230,6 @@ class SummaryMaker:
         extra = max(0, self.said_nothing - SAID_NOTHING_LIMIT)
         return min(ASK_AGAIN_MAX, ASK_AGAIN_AFTER << min(extra, 8))
 
-    def spare(self, kept) -> int:
-        """What the messages kept verbatim leave of their budget: standing instructions may use it."""
-        return max(0, self.must_budget() - sum(c.tokens for c in kept))
-
-    def fallback_text(self, msgs, reason: str, budget: int, overflow=(), spare: int = 0) -> str:
-        """The deterministic summary: the over-budget user messages verbatim (within the budget, less a
-        line, plus what the kept messages left of theirs: ``spare``) under "Standing instructions:",
-        then what the messages show."""
-        budget = max(16, budget)
-        count = lambda t: len(self.ctx.tok(t))  # noqa: E731
-        standing, _ = budget_items(list(overflow), budget - 16 + spare, count, least=12) if overflow else ([], 0)
-        if standing:
-            budget = max(budget, count("\n".join(fallback_summary([], reason=reason, standing=standing).split("\n")[:-1]))
-                         + 24)
-        text = fallback_summary([m for m in msgs if not looks_like_tool_call(m.get("content") or "")],
-                                reason=reason, max_chars=budget * 6 + sum(len(x) for x in standing),
-                                standing=standing)
-        lines = text.split("\n")
-        keep = len(standing) + 3 if standing else 0   # the marker, the heading, them, the last request
-        while len(lines) > max(2, keep + 1) and count("\n".join(lines)) > budget:
-            lines.pop()  # least important last
-        text = "\n".join(lines)
-        while count(text) > budget and len(text) > 40:
-            text = text[: int(len(text) * 0.85)] + "…"
-        return text
-
     # ------------------------------------------------------------------ the replacement
     def replacement(self, mark: int, summary: Summary, level: int = 0) -> Replacement:
         """The summary message for ``entries[n_prefix:mark]``.  ``level`` > 0: a smaller plan, for a swap
@@ -292,18 +240,18 @@ class SummaryMaker:
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
         self._judge(summary, rest, plan)
-        share = self.results_share(plan.results)
-        model = self.text_budget() - share      # the model's (or the fallback's) share of the text budget
-        carry = self.carry_budget() + max(0, model - summary.tokens)
+        share = self.shares.results(plan.results)
+        model = self.shares.text() - share      # the model's (or the fallback's) share of the text budget
+        carry = self.shares.carried() + max(0, model - summary.tokens)
         # the standing instructions may also take what the kept messages leave of their budget (less what a
         # fallback summary's own standing instructions took of it beyond the text budget)
-        extra = max(0, self.spare(kept) - max(0, summary.tokens - model))
+        extra = max(0, self.shares.spare(kept) - max(0, summary.tokens - model))
         if level >= 1:
             carry //= 2 ** level
             share //= 2 ** level
-            rest = trim_lines_end(rest, self.text_budget() // (2 * level), count)
+            rest = trim_lines_end(rest, self.shares.text() // (2 * level), count)
         if level >= 2:
-            budget = self.user_budget() if level == 2 else 0
+            budget = self.shares.users() if level == 2 else 0
             fit, used, over = [], 0, []
             for c in kept:
                 (fit if used + c.tokens <= budget else over).append(c)
@@ -328,12 +276,12 @@ class SummaryMaker:
         room = share + max(0, carry + extra - used)
         # what a summary built without the model says besides the user's words (the files mentioned, the
         # next step) is worth less than what the assistant itself stated: the statements may take its room
-        spare_lines = [ln for ln in rest.split("\n") if ln.strip() and not _users_words(ln)] if summary.fallback else []
+        spare_lines = [ln for ln in rest.split("\n") if ln.strip() and not users_words(ln)] if summary.fallback else []
         bonus = count("\n".join(spare_lines)) if spare_lines else 0
         said, _ = res.fit(statements, min(room + bonus, cap), count)
         said_cost = count(res.section(said)) if said else 0
         if bonus and said_cost > room:
-            rest = _give_up(rest, said_cost - room, count)
+            rest = give_up(rest, said_cost - room, count)
         used += max(0, said_cost - share)
         carried = trim_lines(carried, carry - max(0, used - extra), count) if level == 0 else ""
         used += count(carried) if carried else 0
@@ -403,32 +351,6 @@ class SummaryMaker:
     def ready_event(self, summary: Summary, ms: float) -> ev.SummaryReady:
         return ev.SummaryReady(summary.tokens, ms, fallback=summary.fallback, attempts=summary.attempts,
                                text=summary.text)
-
-
-def _users_words(line: str) -> bool:
-    """A fallback summary's line that carries the user's words (a request), or says it is automatic."""
-    return line.startswith((LAST_REQUEST, FIRST_REQUEST, "(Automatic summary"))
-
-
-def _give_up(text: str, tokens: int, count) -> str:
-    """``text`` less at least ``tokens`` tokens of its lines that are not the user's words, the last first."""
-    lines = text.split("\n")
-    goal = count(text) - tokens
-    for i in range(len(lines) - 1, -1, -1):
-        if count("\n".join(lines)) <= goal:
-            break
-        if not _users_words(lines[i]):
-            lines.pop(i)
-    return "\n".join(lines)
-
-
-def trim_lines_end(text: str, budget: int, count) -> str:
-    """``text`` within ``budget`` tokens, dropping its last lines first (the summary's headings come in
-    order of importance)."""
-    lines = (text or "").split("\n")
-    while lines and count("\n".join(lines)) > max(0, budget):
-        lines.pop()
-    return "\n".join(lines)
 
 
 __all__ = ["SummaryMaker"]
