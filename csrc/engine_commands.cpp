@@ -32,12 +32,17 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
                                    std::to_string(s.size()) + ": the total would exceed n_ctx=" + std::to_string(n_ctx_) +
                                    "; shorten the prompt, compact the history, or use a larger n_ctx");
         }
-        if (tokens.size() > kv_->free_cells()) {
+        if (tokens.size() > kv_->free_for(0)) {
             throw ContextFullError("cannot append " + std::to_string(tokens.size()) + " tokens: only " +
-                                   std::to_string(kv_->free_cells()) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_) +
-                                   " (one pool shared by all sequences); close sequences or use a larger n_ctx");
+                                   std::to_string(kv_->free_for(0)) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_) +
+                                   " (one pool shared by all sequences, less cells promised to appends still running); "
+                                   "close sequences or use a larger n_ctx");
         }
         auto t = std::make_unique<PrefillTask>(kind, h, tokens, all_logits);
+        if (kind == RowKind::Foreground) {   // all or nothing: background work cannot take its cells meanwhile
+            t->reserved = tokens.size();
+            kv_->reserve(t->reserved);
+        }
         t->logits_every_chunk = recurrent_state();
         auto job = t->job;
         if (tokens.empty() && !s.busy()) { job->finish("done"); return job; }
@@ -56,7 +61,7 @@ std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token
         SeqState & s = kv_->get(h);
         if (s.busy()) throw SequenceBusyError(busy_msg(h));
         if (s.size() == 0 && tokens.empty()) throw std::invalid_argument("cannot probe an empty sequence with no probe tokens");
-        if (tokens.size() + 1 > kv_->free_cells() || s.size() + tokens.size() > n_ctx_) {
+        if (tokens.size() + 1 > kv_->free_for(0) || s.size() + tokens.size() > n_ctx_) {
             throw ContextFullError("cannot probe with " + std::to_string(tokens.size()) + " tokens: " +
                                    std::to_string(kv_->free_cells()) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_));
         }

@@ -66,6 +66,16 @@ public:
 
     // ---- cells
     size_t free_cells() const { return n_ctx_ - ledger_.used(); }
+    // Cells promised to foreground appends still running: background work never takes them, so an
+    // append accepted when submitted cannot run out of cells half-way (a partial prompt).
+    void reserve(size_t n) { reserved_ += n; }
+    void unreserve(size_t n) { reserved_ -= std::min(reserved_, n); }
+    size_t reserved_cells() const { return reserved_; }
+    // Free cells a task may take, less those promised to others (`own`: those promised to it).
+    size_t free_for(size_t own) const {
+        const size_t others = reserved_ - std::min(reserved_, own), f = free_cells();
+        return f > others ? f - others : 0;
+    }
     size_t used_cells() const { return ledger_.used(); }
     int holders(CellId c) const { return ledger_.holders(c); }
     void hold(CellId c) { ledger_.hold(c); }
@@ -131,6 +141,7 @@ private:
     std::map<uint64_t, RollbackPoint> rollback_;
     bool can_redecode_;
     int inject_count_ = 0, inject_rc_ = 0, inject_min_rows_ = 1;
+    size_t reserved_ = 0;   // cells promised to running foreground appends (reserve)
     EngineCounters counters_;
 };
 

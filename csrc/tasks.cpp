@@ -19,7 +19,8 @@ std::string context_full_msg(KvBook & kv, size_t need) {
 }
 
 // n new tokens, each taking a new cell (the sequence is fully evaluated)
-bool fits(KvBook & kv, const SeqState & s, size_t n) { return kv.free_cells() >= n && s.size() + n <= kv.n_ctx(); }
+// (free cells less those promised to foreground appends: KvBook::reserve)
+bool fits(KvBook & kv, const SeqState & s, size_t n) { return kv.free_for(0) >= n && s.size() + n <= kv.n_ctx(); }
 }  // namespace
 
 // ---------------------------------------------------------------- Task
@@ -70,7 +71,7 @@ int PrefillTask::add_rows(KvBook & kv, int budget) {
     const size_t pending = redecode ? 1 : s->size() - s->evaluated();  // 0 or 1
     const size_t n = std::min(left, (size_t) budget - std::min((size_t) budget, pending));
     const size_t new_cells = n + (redecode ? 0 : pending);
-    if (kv.free_cells() < new_cells || s->size() + n > kv.n_ctx()) {
+    if (kv.free_for(reserved) < new_cells || s->size() + n > kv.n_ctx()) {
         const std::string msg = context_full_msg(kv, new_cells);
         fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
@@ -101,6 +102,9 @@ void PrefillTask::after_decode(KvBook & kv) {
     if (s && last_row >= 0) kv.set_logits_row(*s, last_row);
     else if (s) s->logits_valid = false;
     job->push_tokens(tokens.data() + offset_at_step, offset - offset_at_step);
+    const size_t used = std::min(reserved, offset - offset_at_step);   // promised cells now taken
+    kv.unreserve(used);
+    reserved -= used;
     logit_rows.clear();
     last_row = -1;
     if (offset == tokens.size() && s && s->fully_evaluated() && (s->logits_valid || s->size() == 0)) complete(kv, "done");
@@ -129,6 +133,7 @@ void ProbeTask::on_complete(KvBook & kv) {
 }
 
 void ProbeTask::release(KvBook & kv) {
+    PrefillTask::release(kv);
     if (SeqState * s = kv.find(handle)) kv.release(*s);
 }
 

@@ -68,6 +68,7 @@ struct PrefillTask : Task {
     // Recurrent and hybrid memories cannot re-decode a token later: keep each chunk's last logits
     // there, so a cancelled or interrupted prefill leaves a sequence that can still generate.
     bool logits_every_chunk = false;
+    size_t reserved = 0;   // cells still promised to this append (KvBook::reserve): foreground only
     size_t offset = 0, offset_at_step = 0;
     std::vector<float> collected;
     std::vector<int> logit_rows;
@@ -81,6 +82,7 @@ struct PrefillTask : Task {
 
 protected:
     void on_complete(KvBook & kv) override;
+    void release(KvBook & kv) override { kv.unreserve(reserved); reserved = 0; }
 };
 
 // A probe: prefill tokens on a private fork, read the log-probabilities of the labels' first

@@ -1,0 +1,88 @@
+"""A foreground append accepted when submitted runs to its end: background work never takes the cells it
+was promised (KvBook::reserve), so the pool cannot run out half-way and leave a partial prompt."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import pykvcompact as pk
+from conftest import text_tokens
+
+
+def _engine(path):
+    # a long append takes several steps (llama.cpp raises n_batch 16 to its minimum), a background row joins each
+    return pk.Engine(path, n_ctx=512, n_seq_max=4, n_batch=16, n_threads=1, seed=0, flash_attn=False,
+                     background_share=1.0)
+
+
+def _running(job, tokens=2, timeout=30.0):
+    t0 = time.monotonic()
+    while len(job.tokens) < tokens and not job.done() and time.monotonic() - t0 < timeout:
+        time.sleep(0.005)
+    assert not job.done(), "the background generation ended before the test could race it"
+
+
+def test_a_foreground_append_gets_every_cell_it_was_accepted_with(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        main = eng.sequence(text_tokens(eng, 40, seed=1))
+        bg = eng.sequence(text_tokens(eng, 20, seed=2))
+        job = bg.generate_background(10_000)   # would take every free cell, one a step
+        _running(job)
+        pool = text_tokens(eng, eng.n_ctx, seed=3)
+        for attempt in range(50):
+            n = eng.free_cells() - 1             # a background row in each of the append's steps would not fit
+            prompt = pool[:n]
+            try:
+                main.append(prompt)              # before: ContextFullError half-way, a partial prompt
+                break
+            except pk.ContextFullError:
+                # refused when submitted (the background took a cell since free_cells): all or nothing
+                assert len(main) == 40, f"a refused append left {len(main) - 40} of its tokens"
+        else:
+            pytest.fail("every append was refused")
+        assert len(main) == 40 + n and main.tokens[40:] == prompt
+        job.result(timeout=60)
+        assert job.finish_reason == "context_full"
+        assert eng.used_cells() <= eng.n_ctx
+        bg.close()
+        assert len(main.generate(3)) == 3        # and the main sequence goes on
+    finally:
+        eng.close()
+
+
+def test_an_append_larger_than_what_others_were_promised_is_refused_whole(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        a = eng.sequence(text_tokens(eng, 8, seed=4))
+        b = eng.sequence(text_tokens(eng, 8, seed=5))
+        free = eng.free_cells()
+        job = a.append_background(text_tokens(eng, 16, seed=6))   # (background: promised nothing)
+        job.result(timeout=60)
+        with pytest.raises(pk.ContextFullError, match="cells"):
+            b.append(text_tokens(eng, free, seed=7))   # more than is free now: refused before anything runs
+        assert len(b) == 8
+    finally:
+        eng.close()
+
+
+def test_a_second_append_that_the_first_leaves_no_room_for_is_refused_whole(tiny_model_path):
+    # two conversations append at once (two server sessions): each fit the pool alone, not together.
+    # Before, both were accepted and the later one ran out of cells half-way, keeping part of its prompt
+    eng = _engine(tiny_model_path)
+    try:
+        a = eng.sequence(text_tokens(eng, 8, seed=1))
+        b = eng.sequence(text_tokens(eng, 8, seed=2))
+        free = eng.free_cells()
+        first, second = text_tokens(eng, free - 100, seed=3), text_tokens(eng, 200, seed=4)
+        native = eng.native()
+        job = native.seq_append(a.id, first, 0, False)   # submitted, not waited for (the engine's own call)
+        with pytest.raises(pk.ContextFullError, match="promised"):
+            native.seq_append(b.id, second, 0, False)
+        job.wait(60)
+        assert len(a) == 8 + len(first) and len(b) == 8
+        b.append(second[:90])                            # what is left is still there to take
+        assert len(b) == 98
+    finally:
+        eng.close()
