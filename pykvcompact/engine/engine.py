@@ -32,6 +32,9 @@ class Engine:
     never join a foreground step unless their job is on a deadline, ``Job.set_rows_per_step``; 1: every
     step).  None: by backend, 0.15 on a CPU and 1 with layers offloaded to a GPU, where extra rows in a
     step are nearly free.  ``stats()["background_share"]`` says which applies.
+    ``n_batch``: the most rows in one decode step; llama.cpp's ``n_ubatch`` is set to the same, so that a
+    step is one micro-batch and a failed or aborted decode rolls back whole (a batch split into micro-
+    batches can fail after some of them were written to the KV cache).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, n_ctx: int = 4096, n_seq_max: int = 8,
