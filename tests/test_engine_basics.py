@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -260,3 +262,30 @@ def test_an_engine_that_fails_to_start_frees_its_context_and_model():
     with eng.sequence(eng.tokenize("Hello")) as s:
         assert len(s.generate(3)) == 3
     eng.close()
+
+
+def test_a_stream_yields_each_token_once(tiny_engine):
+    # Job.stream read the tokens decoded after the count it had waited for, then counted only up to that
+    # count: a token decoded in between came out twice ('<toool_call>' in a streamed server reply). A
+    # thread that keeps the GIL busy, switched often, puts the consumer to sleep at random points
+    import sys
+    import threading
+    prompt = text_tokens(tiny_engine, 16, seed=12)
+    stop, interval = threading.Event(), sys.getswitchinterval()
+
+    def busy():
+        while not stop.is_set():
+            sum(range(200))
+
+    hog = threading.Thread(target=busy, daemon=True)
+    sys.setswitchinterval(1e-5)
+    hog.start()
+    try:
+        for _ in range(5):
+            with tiny_engine.sequence(prompt) as a, tiny_engine.sequence(prompt) as b:
+                streamed = list(a.stream(150))
+                assert streamed == b.generate(150) == a.tokens[16:]
+    finally:
+        stop.set()
+        hog.join()
+        sys.setswitchinterval(interval)

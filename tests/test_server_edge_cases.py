@@ -123,20 +123,23 @@ def test_out_of_range_seed_is_a_400(srv, seed):
     assert r.json()["error"]["param"] == "seed"
 
 
-@pytest.mark.parametrize("field, value", [("top_k", -1), ("top_k", 2 ** 31), ("top_k", 1.5), ("min_p", 1.0),
-                                          ("min_p", -0.5)])
+@pytest.mark.parametrize("field, value", [("top_k", -1), ("top_k", 2 ** 31), ("top_k", 1.5), ("top_k", True),
+                                          ("top_k", "5"), ("min_p", 1.0), ("min_p", -0.5)])
 def test_out_of_range_top_k_or_min_p_is_a_400(srv, field, value):
     r = _post(srv, {"messages": USER, "max_tokens": 2, field: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
 
 
-def test_top_k_and_min_p_reach_the_sampler(srv):
-    greedy = _post(srv, {"messages": USER, "max_tokens": 6, "temperature": 0})
-    one = _post(srv, {"messages": USER, "max_tokens": 6, "temperature": 1.5, "top_k": 1, "min_p": 0.05, "seed": 9})
-    assert greedy.status_code == one.status_code == 200, one.text
-    # one candidate left: the draw is the argmax
-    assert one.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+def test_top_k_and_min_p_reach_the_sampler(float_engine, tmp_path):
+    # (a server of its own: the module's shared one keeps every conversation's session, and its cells)
+    with running_server(float_engine, tmp_path) as own:
+        greedy = _post(own, {"messages": USER, "max_tokens": 6, "temperature": 0, "top_k": None, "min_p": None})
+        one = _post(own, {"messages": USER, "max_tokens": 6, "temperature": 1.5, "top_k": 1, "min_p": 0.05,
+                          "seed": 9})
+        assert greedy.status_code == one.status_code == 200, one.text   # (null: off)
+        # one candidate left: the draw is the argmax
+        assert one.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
 
 
 def test_largest_seed_is_accepted(srv):
@@ -189,7 +192,8 @@ def test_forced_call_that_fits_one_chunk_is_a_whole_call(float_engine, tmp_path,
         else:
             r = client(s).chat.completions.create(**kw)
             calls, finish = r.choices[0].message.tool_calls or [], [r.choices[0].finish_reason]
-        assert finish == ["tool_calls"] and len(calls) == 1, (finish, calls)
+        said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) if stream else r
+        assert finish == ["tool_calls"] and len(calls) == 1, (finish, calls, said)
         import json
         args = json.loads(calls[0].function.arguments)
         assert calls[0].function.name == "book_flight" and list(args) == SEVEN["required"]

@@ -63,9 +63,12 @@ class Job:
             while True:
                 n = self._j.wait_tokens(have, _SLICE_S)
                 if n > have:
-                    for t in self._j.tokens_from(have):
+                    # (tokens_from may hold more than n by now: the engine goes on decoding meanwhile;
+                    # counting n there yielded those tokens twice, '<toool_call>' in a streamed reply)
+                    got = self._j.tokens_from(have)
+                    for t in got:
                         yield int(t)
-                    have = n
+                    have += len(got)
                 elif self._j.done():
                     rest = self._j.tokens_from(have)
                     if rest:
