@@ -32,21 +32,25 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
                                    std::to_string(s.size()) + ": the total would exceed n_ctx=" + std::to_string(n_ctx_) +
                                    "; shorten the prompt, compact the history, or use a larger n_ctx");
         }
-        if (tokens.size() > kv_->free_for(0)) {
-            throw ContextFullError("cannot append " + std::to_string(tokens.size()) + " tokens: only " +
-                                   std::to_string(kv_->free_for(0)) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_) +
-                                   " (one pool shared by all sequences, less cells promised to appends still running); "
-                                   "close sequences or use a larger n_ctx");
+        // (a last token without its cell, after a load or a failed re-decode, takes one more)
+        const size_t need = tokens.size() + (s.size() - s.evaluated());
+        if (need > kv_->free_for(0)) {
+            throw ContextFullError("cannot append " + std::to_string(tokens.size()) + " tokens: " +
+                                   std::to_string(need) + " KV cells needed, " + std::to_string(kv_->free_for(0)) +
+                                   " free of n_ctx=" + std::to_string(n_ctx_) + " (one pool shared by all sequences" +
+                                   (kv_->reserved_cells() ? ", less " + std::to_string(kv_->reserved_cells()) +
+                                    " promised to appends still running: wait for them" : std::string()) +
+                                   "); close sequences or use a larger n_ctx");
         }
         auto t = std::make_unique<PrefillTask>(kind, h, tokens, all_logits);
-        if (kind == RowKind::Foreground) {   // all or nothing: background work cannot take its cells meanwhile
-            t->reserved = tokens.size();
-            kv_->reserve(t->reserved);
-        }
         t->logits_every_chunk = recurrent_state();
         auto job = t->job;
         if (tokens.empty() && !s.busy()) { job->finish("done"); return job; }
-        kv_->enqueue(s, *t, kind == RowKind::Background);
+        kv_->enqueue(s, *t, kind == RowKind::Background);   // (SequenceBusyError: nothing promised yet)
+        if (kind == RowKind::Foreground) {   // all or nothing: background work cannot take its cells meanwhile
+            t->reserved = need;
+            kv_->reserve(need);
+        }
         submit(std::move(t));
         return job;
     }, kind != RowKind::Background);
@@ -63,7 +67,9 @@ std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token
         if (s.size() == 0 && tokens.empty()) throw std::invalid_argument("cannot probe an empty sequence with no probe tokens");
         if (tokens.size() + 1 > kv_->free_for(0) || s.size() + tokens.size() > n_ctx_) {
             throw ContextFullError("cannot probe with " + std::to_string(tokens.size()) + " tokens: " +
-                                   std::to_string(kv_->free_cells()) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_));
+                                   std::to_string(tokens.size() + 1) + " KV cells needed, " +
+                                   std::to_string(kv_->free_for(0)) + " free of n_ctx=" + std::to_string(n_ctx_) +
+                                   (kv_->reserved_cells() ? " (less those promised to appends still running)" : ""));
         }
         SeqState & fork = kv_->fork(h, true);
         kv_->counters().forks += 1;

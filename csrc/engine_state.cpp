@@ -74,9 +74,9 @@ uint64_t Engine::seq_import(const std::vector<llama_token> & tokens, size_t eval
                                         "decode (its logits valid), or prefill the tokens again");
     }
     return run_on_engine_thread([&] {
-        if (evaluated > kv_->free_cells()) {
+        if (evaluated > kv_->free_for(0)) {
             throw ContextFullError("cannot load a sequence of " + std::to_string(evaluated) + " evaluated tokens: only " +
-                                   std::to_string(kv_->free_cells()) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_) +
+                                   std::to_string(kv_->free_for(0)) + " KV cells are free of n_ctx=" + std::to_string(n_ctx_) +
                                    " (one pool shared by all sequences); close sequences or use a larger n_ctx");
         }
         SeqState & s = kv_->create(false);  // SlotsExhaustedError: nothing to undo

@@ -13,9 +13,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 std::string context_full_msg(KvBook & kv, size_t need) {
-    return "KV cache full: " + std::to_string(need) + " new cells needed, " + std::to_string(kv.free_cells()) +
-           " free of n_ctx=" + std::to_string(kv.n_ctx()) +
-           " (one pool shared by all sequences). Close or truncate sequences, or create the Engine with a larger n_ctx.";
+    return "KV cache full: " + std::to_string(need) + " new cells needed, " + std::to_string(kv.free_for(0)) +
+           " free of n_ctx=" + std::to_string(kv.n_ctx()) + " (one pool shared by all sequences" +
+           (kv.reserved_cells() ? ", less " + std::to_string(kv.reserved_cells()) + " promised to appends still running"
+                                : std::string()) +
+           "). Close or truncate sequences, or create the Engine with a larger n_ctx.";
 }
 
 // n new tokens, each taking a new cell (the sequence is fully evaluated)
@@ -76,6 +78,7 @@ int PrefillTask::add_rows(KvBook & kv, int budget) {
         fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
     }
+    step_cells += new_cells;
     if (redecode) kv.unevaluate_last(*s);
     if (pending) {
         const bool want = n == 0;  // the pending token is the last one of this step
@@ -102,7 +105,8 @@ void PrefillTask::after_decode(KvBook & kv) {
     if (s && last_row >= 0) kv.set_logits_row(*s, last_row);
     else if (s) s->logits_valid = false;
     job->push_tokens(tokens.data() + offset_at_step, offset - offset_at_step);
-    const size_t used = std::min(reserved, offset - offset_at_step);   // promised cells now taken
+    const size_t used = std::min(reserved, step_cells);   // promised cells now taken
+    step_cells = 0;
     kv.unreserve(used);
     reserved -= used;
     logit_rows.clear();
@@ -151,6 +155,7 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
     if (generated >= max_tokens) { complete(kv, "length"); return 0; }
     if (!s->logits_valid) {
         // After a truncate, a splice or a failed decode the last token is decoded again, once.
+        if (!s->fully_evaluated() && !fits(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
         if (s->fully_evaluated()) kv.unevaluate_last(*s);
         sampled_token = -1;
         row = kv.add_pending_row(*s, true, kind);

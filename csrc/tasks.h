@@ -77,8 +77,9 @@ struct PrefillTask : Task {
     bool has_work(KvBook & kv) override { return !finished; }
     int add_rows(KvBook & kv, int budget) override;
     void after_decode(KvBook & kv) override;
-    void save_cursor() override { offset_at_step = offset; logit_rows.clear(); last_row = -1; }
-    void restore_cursor() override { offset = offset_at_step; logit_rows.clear(); last_row = -1; }
+    size_t step_cells = 0;   // cells this step's rows take (the promised ones among them are released once decoded)
+    void save_cursor() override { offset_at_step = offset; step_cells = 0; logit_rows.clear(); last_row = -1; }
+    void restore_cursor() override { offset = offset_at_step; step_cells = 0; logit_rows.clear(); last_row = -1; }
 
 protected:
     void on_complete(KvBook & kv) override;

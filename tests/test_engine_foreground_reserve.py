@@ -86,3 +86,68 @@ def test_a_second_append_that_the_first_leaves_no_room_for_is_refused_whole(tiny
         assert len(b) == 98
     finally:
         eng.close()
+
+
+def _every_free_cell_is_usable(eng):
+    """A background generation fills the pool to n_ctx, and an append of all the free cells is taken."""
+    s = eng.sequence(text_tokens(eng, 4, seed=9))
+    job = s.generate_background(100_000)
+    job.result(timeout=60)
+    assert job.finish_reason == "context_full" and eng.used_cells() == eng.n_ctx
+    s.close()
+    free = eng.free_cells()
+    s = eng.sequence()
+    s.append(text_tokens(eng, free, seed=8))
+    assert len(s) == free
+    s.close()
+
+
+def test_an_append_refused_on_a_busy_sequence_promises_nothing(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        a = eng.sequence(text_tokens(eng, 8, seed=1))
+        for _ in range(3):   # each refused call used to keep its cells promised, for good
+            job = a.generate_background(50)
+            with pytest.raises(pk.SequenceBusyError):
+                a.append(text_tokens(eng, 100, seed=2))
+            job.cancel()
+            job.result(timeout=30)
+        _every_free_cell_is_usable(eng)
+    finally:
+        eng.close()
+
+
+def test_loading_a_sequence_cannot_take_the_cells_of_a_running_append(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        c = eng.sequence(text_tokens(eng, 100, seed=3))
+        blob = c.save_state()
+        c.close()
+        b = eng.sequence()
+        prompt = text_tokens(eng, eng.free_cells() - 60, seed=4)
+        job = eng.native().seq_append(b.id, prompt, 0, False)   # accepted: its cells are promised
+        with pytest.raises(pk.ContextFullError, match="load"):
+            eng.load_sequence(blob)
+        job.wait(60)
+        assert len(b) == len(prompt)
+    finally:
+        eng.close()
+
+
+def test_an_append_after_a_last_token_without_its_cell_counts_that_cell(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        other = eng.sequence(text_tokens(eng, 60, seed=1))   # (so that the pool, not n_ctx, is the limit)
+        a = eng.sequence(text_tokens(eng, 40, seed=2))
+        a.truncate(30)                   # the last token's logits are gone: it is decoded again first
+        blob = a.save_state()
+        a.close()
+        a = eng.load_sequence(blob)      # 30 tokens, 29 cells
+        prompt = text_tokens(eng, eng.free_cells(), seed=3)
+        with pytest.raises(pk.ContextFullError, match="needed"):
+            a.append(prompt)             # needs one cell more than is free: refused whole
+        assert len(a) == 30
+        a.append(prompt[:-1])
+        assert len(a) == 30 + len(prompt) - 1 and len(other) == 60
+    finally:
+        eng.close()

@@ -90,8 +90,12 @@ def test_tiny_chat_passes_top_k_and_min_p_to_the_sampler(tiny_engine, tmp_path):
     s = pk.Session(tiny_engine, system="sys", history_dir=tmp_path / "bad",
                    policy=pk.Policy(mode="none", window=384, compact_tool=False, history_tool=False))
     try:
-        with pytest.raises(ValueError, match="top_k"):
-            s.chat("hi", max_tokens=2, temperature=1.0, top_k=-3)
+        for bad in ({"top_k": -3}, {"min_p": float("nan")}, {"min_p": 1.5}, {"temperature": -1.0}):
+            with pytest.raises(ValueError, match="top_k|min_p|temperature"):
+                s.chat("hi", max_tokens=2, **bad)
+        with pytest.raises(TypeError, match="top_k"):
+            s.chat("hi", max_tokens=2, top_k="5")
+        assert s.messages[1:] == []   # refused before anything was added: no half turn left behind
         assert s.chat("hi", max_tokens=2)["choices"][0]["message"]["role"] == "assistant"   # still usable
     finally:
         s.close()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import numbers
 import time
 import uuid
 from typing import List
@@ -144,6 +146,22 @@ def check_sampling(sampling: dict):
     seed = sampling.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 64):
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    # checked here, before the call's messages are added: the engine would refuse them only at the reply
+    for name, ok, want in (("temperature", lambda x: 0 <= x < math.inf, "a finite number >= 0"),
+                           ("top_p", lambda x: 0 < x <= 1, "a number in (0, 1]"),
+                           ("min_p", lambda x: 0 <= x < 1, "a number in [0, 1) (0: off)")):
+        if name in sampling:
+            x = sampling[name]
+            if isinstance(x, bool) or not isinstance(x, numbers.Real):
+                raise TypeError(f"{name} must be {want}, got {x!r}")
+            if not ok(float(x) if abs(x) < 1e300 else math.inf):
+                raise ValueError(f"{name} must be {want}, got {x!r}")
+    if "top_k" in sampling:
+        k = sampling["top_k"]
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+            raise TypeError(f"top_k must be an integer >= 0 (0: off), got {k!r}")
+        if k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {k!r}")
     return sampling, tuple(stop)
 
 

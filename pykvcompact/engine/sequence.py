@@ -129,8 +129,12 @@ class Sequence:
     def _start_generate(self, max_tokens, temperature, top_p, seed, stop, grammar, kind, top_k=0, min_p=0.0) -> Job:
         max_tokens = check_int("max_tokens", max_tokens, 0)
         top_k = min(check_int("top_k", top_k, 0), 2 ** 31 - 1)   # (a larger k is all of any vocabulary)
-        if isinstance(min_p, bool) or not isinstance(min_p, (int, float, np.floating)):
+        if isinstance(min_p, bool) or not isinstance(min_p, (int, float, np.integer, np.floating)):
             raise TypeError(f"min_p must be a number in [0, 1), got {min_p!r}")
+        try:
+            min_p = float(min_p)
+        except OverflowError:
+            raise ValueError(f"min_p must be in [0, 1) (0: off), got {min_p!r}") from None
         if isinstance(stop, (bytes, bytearray)):
             raise TypeError("stop must be a string, a token id, or a list of them; decode bytes to str first")
         if isinstance(stop, (str, int)):

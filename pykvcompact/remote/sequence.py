@@ -8,6 +8,7 @@ KV of what was sent before, so each request prefills only what is new since.  A 
 from __future__ import annotations
 
 import itertools
+import numbers
 import threading
 import time
 from typing import Dict, Iterable, Iterator, List, Sequence as _Seq
@@ -122,10 +123,12 @@ class RemoteSequence:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         if grammar is not None and not isinstance(grammar, str):
             raise TypeError("grammar must be a GBNF string")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
-        if isinstance(min_p, bool) or not isinstance(min_p, (int, float)) or not 0.0 <= min_p < 1.0:
+        top_k = min(int(top_k), 2 ** 31 - 1)   # (a larger k is all of any vocabulary; servers refuse it)
+        if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real) or not 0.0 <= min_p < 1.0:
             raise ValueError(f"min_p must be a number in [0, 1) (0: off), got {min_p!r}")
+        min_p = float(min_p)
         toks = self.tokens
         room = self.engine.n_ctx - len(toks)
         if room <= 0 and max_tokens > 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 
 class FunctionCall(BaseModel):
@@ -118,8 +118,9 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=2 ** 31 - 1)     # llama-server's and vLLM's extras (0: off)
-    min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # llama-server's and vLLM's extras (0 or null: off); strict: true or "5" is not a k
+    top_k: Optional[StrictInt] = Field(default=None, ge=0, le=2 ** 31 - 1)
+    min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
     seed: Optional[int] = Field(default=None, ge=0, lt=MAX_SEED)
     stop: Union[str, List[str], None] = None
     stream: StrictBool = False  # 1 or "yes" is refused, not read as true
