@@ -175,3 +175,35 @@ def test_closing_the_engine_under_open_sessions_loses_nothing(tiny_model_path, t
         r.close()
     finally:
         e2.close()
+
+
+def test_an_unprepared_swap_rebuilt_in_place_that_fails_puts_the_old_context_back(eng, tmp_path, monkeypatch):
+    # a swap nobody prepared truncates the sequence to the prefix and appends summary and tail
+    # (compaction/swap.py); when that append fails, the old tokens go back and the error surfaces
+    s = session(eng, tmp_path, "inplace", mode="hard")
+    for i in range(3):
+        s.chat(msg(i), max_tokens=8)
+    before_tokens, before_msgs = list(s.tokens), list(s.messages)
+    seq_type, real_append, calls = type(s.sequence), type(s.sequence).append, []
+
+    def failing_append(self, tokens):
+        tokens = list(tokens)
+        if self is s.sequence and len(self) < len(before_tokens) and not calls:
+            calls.append(len(tokens))
+            real_append(self, tokens[: len(tokens) // 2])     # half of it decoded, then the engine fails
+            raise pk.EngineError("injected: llama_decode failed")
+        return real_append(self, tokens)
+
+    monkeypatch.setattr(seq_type, "append", failing_append)
+    with pytest.raises(pk.EngineError, match="injected"):
+        s.compact()
+    monkeypatch.setattr(seq_type, "append", real_append)
+    assert calls, "the swap was not rebuilt in place"
+    assert s.tokens == before_tokens and s.messages == before_msgs     # the old context, whole
+    assert s.sequence.tokens == before_tokens
+    rebased = s.compact()                                            # and the next swap works
+    assert rebased is not None and rebased.mode == "exact" and len(s.tokens) < len(before_tokens)
+    s.chat(msg(9), max_tokens=8)
+    check_invariants(s)
+    same_as_its_log(s, eng)
+    s.close()

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 from .. import errors
 from ..session.context import Context, Entry
 from ..session.ledger import Ledger
-from ..engine.port import engine_errors
+from ..engine.port import engine_errors, rebuilds_in_place
 
 
 @dataclass
@@ -87,6 +87,10 @@ class Swap:
             except engine_errors():
                 _cancel(rb)
         rb = None
+        if mode == "exact" and rebuilds_in_place(self.ctx.engine):
+            built = self._rebuild_in_place(prefix_tok, repl, mark_tok)
+            if built is not None:
+                return built
         try:
             rb = seq.prepare_rebase(prefix_tok, repl, mark_tok, mode=mode)
             if not rb.wait():
@@ -101,6 +105,40 @@ class Swap:
         new = self.ctx.engine.sequence(toks[:prefix_tok] + list(repl) + toks[mark_tok:])
         self.ctx.replace_sequence(new)
         return {"mode": "rebuild", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0}
+
+
+    def _rebuild_in_place(self, prefix_tok: int, repl: List[int], mark_tok: int) -> Optional[dict]:
+        """A swap nobody prepared, waited for anyway: truncate the sequence to the prefix and append the
+        summary and the tail.  The old cells are freed first, so the new rows attend over the prefix alone
+        (a prepared rebase builds beside the old history; ``bench/peer.py``, SmolLM2, one live sequence:
+        4.5 s against 5.1 s for summary and rebuild).  A failure puts the old tokens back (the same tokens
+        at the same positions: the same context) and raises; None where the model cannot drop a tail."""
+        seq = self.ctx.seq
+        old = seq.tokens
+        t0 = time.perf_counter()
+        try:
+            seq.truncate(prefix_tok)
+        except errors.UnsupportedOperationError:   # recurrent and hybrid memories: a prepared rebase instead
+            return None
+        try:
+            seq.append(list(repl) + old[mark_tok:])
+        except BaseException:
+            self._restore(old, prefix_tok)
+            raise
+        return {"mode": "exact", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0,
+                "in_place": True}
+
+    def _restore(self, old: List[int], prefix_tok: int) -> None:
+        """The sequence holds ``old`` again after a failed in-place rebuild: its tail appended again, else a
+        fresh sequence of all of it (the live context must match its tokens)."""
+        seq = self.ctx.seq
+        try:
+            seq.truncate(prefix_tok)
+            seq.append(old[prefix_tok:])
+            return
+        except BaseException:  # noqa: BLE001 - the engine failed again: build it anew
+            pass
+        self.ctx.replace_sequence(self.ctx.engine.sequence(old))
 
 
 def _cancel(rb) -> None:

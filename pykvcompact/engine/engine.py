@@ -37,6 +37,10 @@ class Engine:
     batches can fail after some of them were written to the KV cache).
     """
 
+    # a swap nobody prepared is rebuilt by truncating and appending (compaction/swap.py): freeing the old
+    # cells first, the new rows attend over fewer cells than beside the old history
+    rebuilds_in_place = True
+
     def __init__(self, model: str | os.PathLike | None = None, n_ctx: int = 4096, n_seq_max: int = 8,
                  n_threads: int | None = None, seed: int = 0, *, n_batch: int = 512, background_chunk: int = 64,
                  background_chunk_busy: int | None = None,

@@ -21,6 +21,13 @@ def grant_rows(work, n: int) -> None:
             pass
 
 
+def rebuilds_in_place(engine) -> bool:
+    """Is a swap nobody prepared cheaper rebuilt in place (truncate, then append) than prepared beside the
+    old history?  True for the local engine, whose attention spans every live cell; a backend without
+    the attribute (a remote one, whose prepared rebase is a warm-up request) prepares it."""
+    return bool(getattr(engine, "rebuilds_in_place", False))
+
+
 @runtime_checkable
 class JobPort(Protocol):
     def done(self) -> bool: ...
