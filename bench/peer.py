@@ -1,5 +1,5 @@
 """Ours (pykvcompact) against the peer (llama-cpp-python's ``Llama``) on the same GGUF file, the same
-token transcript and the same threads, flash attention off on both sides. Each side runs in its own
+token transcript and the same threads, flash attention on both sides (``--flash-attn off``: off on both). Each side runs in its own
 subprocess (two ggml thread pools in one process steal each other's cores), alternated ours, peer,
 ours, peer, ...; each worker process runs every figure once (bench/peer_ours.py, bench/peer_llama.py).
 
@@ -8,8 +8,12 @@ Figures (medians with min/max/IQR; ratios ours/peer from medians of the same run
   2. probe: ours ``seq.probe`` (fork, prefill ~100 tokens, read label logits, drop) against the peer
      evaluating the same tokens on its cached prefix, reading the logits and rolling back;
   3. blocking compaction of a 2.9k-token history into a ~150-token greedy summary, waited on: ours =
-     summary on a fork + prepare_rebase + commit_rebase; peer = summary on its prefix cache + re-prefill
-     of [system][summary][last 10%] (only the system prompt is reused, as Llama's prefix cache does);
+     the conversation's own sequence, the only one alive (as the peer's one cache): summary on a fork, then
+     truncate to the system prompt and append summary and tail, as a session rebuilds a swap nobody
+     prepared (details: ``compaction_prepared_ms``, prepare_rebase + commit_rebase instead); peer = summary
+     on its prefix cache + re-prefill of [system][summary][last 10%] (only the system prompt is reused, as
+     Llama's prefix cache does). Both stop the summary at end-of-generation: when the two greedy summaries
+     differ in length (numerics differ), the figure is not like for like and the run says so;
   4. prepared swap: ours = commit of a rebase prepared in the background after a few new tokens;
      peer = the re-prefill of [system][summary][tail] it pays at the swap;
   5. main decode speed while a 200-token summary generates in the background, / solo speed: ours =
@@ -90,7 +94,7 @@ def build_job(args) -> dict:
     transcript = system + body
     assert len(transcript) >= L3 + 64, f"transcript too short: {len(transcript)} tokens"
     labels = ["COMPRESS", "CONTINUE"]
-    summary_tokens = 32 if args.quick else 150
+    summary_tokens = args.summary_tokens or (32 if args.quick else 150)
     job = {
         "model": args.model, "model_path": model_path, "n_threads": args.n_threads or pk.physical_cores(),
         "contexts": [L1, L3], "history_len": H, "tail_len": H // 10, "system_len": len(system),
@@ -101,6 +105,7 @@ def build_job(args) -> dict:
         "fixed_summary": tok(text[-4000:])[:summary_tokens],  # a deterministic stand-in of summary length
         "n_ctx_ours": 8192, "n_ctx_peer": 4096, "n_ctx_peer_bg": 2048,
         "use_extra_bufts": bool(args.extra_bufts),   # both sides alike (like for like)
+        "flash_attn": args.flash_attn == "on",       # both sides alike; on: Engine's default where supported
     }
     voc.close()
     return job
@@ -153,6 +158,11 @@ def finish(result: dict, job: dict, rounds: list[dict], out: str | None, complet
     result["details"] = details(rounds)
     result["rounds_done"], result["complete"] = len(rounds), complete
     result["rounds"] = rounds
+    lens = {side: result["details"][side].get("compaction_summary_len", {}).get("median") for side in ("ours", "peer")}
+    result["summary_lengths_match"] = lens["ours"] == lens["peer"]
+    if not result["summary_lengths_match"]:
+        print(f"warning: the summaries differ in length (ours {lens['ours']}, peer {lens['peer']} tokens): "
+              "compaction_ms is not like for like; rerun with --summary-tokens at most the shorter", file=sys.stderr)
     result["loadavg_end"] = os.getloadavg()
     if out:
         pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -170,6 +180,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--extra-bufts", action="store_true",
                     help="turn ggml's extra buffer types (AMX repacking) on for both sides; off by default, as in "
                          "Engine: they crash quantized models on some AMX CPUs")
+    ap.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                    help="flash attention on both sides (on: what Engine's default, auto, picks where llama.cpp "
+                         "supports it; the peer's own default is off)")
+    ap.add_argument("--summary-tokens", type=int, default=None,
+                    help="summary length of the compaction figure (default 150, --quick 32); lower it when one "
+                         "side's greedy summary ends earlier than the other's")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     impl = "before" if args.before or os.environ.get("PKV_IMPL") == "before" else "live"

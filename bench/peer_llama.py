@@ -28,7 +28,7 @@ def now_ms(t0: float) -> float:
 def make_llama(J, n_ctx: int) -> llama_cpp.Llama:
     """The peer, with ggml's extra buffer types as our Engine has them (off unless the job asks)."""
     return load_llama(J["model_path"], use_extra_bufts=bool(J.get("use_extra_bufts", False)), n_ctx=n_ctx,
-                      n_threads=J["n_threads"], n_threads_batch=J["n_threads"], n_batch=512, flash_attn=False,
+                      n_threads=J["n_threads"], n_threads_batch=J["n_threads"], n_batch=512, flash_attn=bool(J.get("flash_attn")),
                       verbose=False)
 
 
@@ -160,7 +160,7 @@ def main(job_path: str, out_path: str) -> None:
     llm = make_llama(J, J["n_ctx_peer"])
     out = {"load_ms": now_ms(t0)}
     info = {"impl_file": llama_cpp.__file__, "version": llama_cpp.__version__, "n_ctx": llm.n_ctx(),
-            "n_threads": J["n_threads"], "flash_attn": False}
+            "n_threads": J["n_threads"], "flash_attn": bool(J.get("flash_attn"))}
     llm.eval(toks[:L1])
     fig_decode(llm, J, L1, out)
     fig_probe(llm, J, L1, out)
