@@ -1,21 +1,10 @@
 """Session: a chat over one live KV sequence whose history is compacted by a
 :class:`~pykvcompact.compaction.policy.Policy`.
 
-This is a facade.  The work is done by small objects in ``session/`` and ``compaction/``:
-
-- ``Context`` — the live sequence, its rendered text and live messages (tokens == render(messages));
-- ``Ledger`` — the transcript, the offloaded messages, the history file (idempotent offload);
-- ``SummaryMaker`` / ``SummaryJob`` — one summary on a fork: attempts, retry, fallback;
-- ``Preparation`` — a background summary plus the prepared rebased context;
-- ``scheduler`` — pure decisions: when to prepare, commit, wait (at most ``max_stall_ms``) or fall back;
-- ``Compactor`` — executes them; ``Swap`` — the one transaction that replaces history;
-- ``Prober``, ``CompactTool``, ``Turn`` — the probe cadence, the compaction tool, one reply;
-- ``engine/port.py`` — the small engine protocol the session uses (so another backend can implement it).
-
-Nothing is lost: before any swap the replaced messages are appended (fsync) to the history file the
-summary names; ``transcript`` holds every message ever; non-summary transcript messages == ``offloaded``
-+ non-summary live messages, in order.  The user's own messages (and pinned ones) are carried verbatim in
-each summary message within ``Policy.keep_user_tokens``.
+A facade over small objects in ``session/`` (the live ``Context``, the ``Ledger`` of every message, the
+write-ahead ``Journal``, the ``Turn`` that writes one reply) and ``compaction/`` (``Compactor``, ``Swap``,
+``Prober``, ``Recall``, the summary makers); how they fit and what they guarantee (nothing is lost: the
+replaced messages are on disk before any swap) is in docs/architecture.md.
 """
 from __future__ import annotations
 
