@@ -207,3 +207,40 @@ def test_an_unprepared_swap_rebuilt_in_place_that_fails_puts_the_old_context_bac
     check_invariants(s)
     same_as_its_log(s, eng)
     s.close()
+
+
+def test_when_the_engine_cannot_even_put_the_old_context_back_the_next_call_does(eng, tmp_path, monkeypatch):
+    # the in-place rebuild fails, and so do both ways back (the tail again, a fresh sequence): the
+    # context remembers its tokens and the session's next call rebuilds them before anything else
+    s = session(eng, tmp_path, "heal", mode="hard")
+    for i in range(3):
+        s.chat(msg(i), max_tokens=8)
+    before_tokens, before_msgs = list(s.tokens), list(s.messages)
+    seq_type, real_append = type(s.sequence), type(s.sequence).append
+    real_sequence, failing = type(eng).sequence, {"on": True}
+
+    def failing_append(self, tokens):
+        if failing["on"] and self is s.sequence and len(self) < len(before_tokens):
+            raise pk.EngineError("injected: llama_decode failed")
+        return real_append(self, tokens)
+
+    def failing_sequence(self, tokens=()):
+        if failing["on"] and list(tokens) == before_tokens:
+            raise pk.EngineError("injected: no slot")
+        return real_sequence(self, tokens)
+
+    monkeypatch.setattr(seq_type, "append", failing_append)
+    monkeypatch.setattr(type(eng), "sequence", failing_sequence)
+    with pytest.raises(pk.EngineError, match="injected"):
+        s.compact()
+    assert s.messages == before_msgs and len(s.sequence) < len(before_tokens)   # the engine could not undo it
+    with pytest.raises(pk.EngineError, match="could not be rebuilt"):
+        s.chat(msg(8), max_tokens=8)               # still failing: said, and nothing added
+    assert s.messages == before_msgs
+    failing["on"] = False
+    s.save(tmp_path / "snap.pkv")                  # healed first, then the call
+    assert s.sequence.tokens == before_tokens and s.tokens == before_tokens
+    s.chat(msg(9), max_tokens=8)
+    check_invariants(s)
+    same_as_its_log(s, eng)
+    s.close()

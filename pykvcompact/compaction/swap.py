@@ -56,23 +56,24 @@ class Swap:
             except BaseException as e:
                 if rep.msg is not None:
                     self.ledger.unlog(len(self.ledger.transcript))
-                smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)) \
-                    else None
+                # (a smaller plan only on the context as it was: not after a restore that failed)
+                smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)
+                                            and ctx.lost is None) else None
                 while smaller is not None and len(smaller.tokens) >= len(rep.tokens) and smaller.smaller:
                     smaller = smaller.smaller()   # (a plan that saves nothing here: the next one)
                 if smaller is None or len(smaller.tokens) >= len(rep.tokens):
                     raise
                 rep, rb = smaller, None  # the pool has no room for this rebased context: a smaller one
+        expect = before + span[0] + len(rep.tokens) - span[1]
+        if len(ctx.seq) != expect:  # pragma: no cover - engine contract violated: nothing replaced
+            raise errors.EngineError(f"rebase left {len(ctx.seq)} tokens, expected {expect}")
         self.last = rep
         entry = None                                                            # (3)
         if rep.msg is not None:
             entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)
         ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
         self.ledger.forget(replaced, entry)
-        expect = before + span[0] + len(rep.tokens) - span[1]
         ctx.n = len(ctx.seq)
-        if ctx.n != expect:  # pragma: no cover - engine contract violated
-            raise errors.EngineError(f"rebase left {ctx.n} tokens, expected {expect}")
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
         info["tokens_before"], info["tokens_after"] = before, ctx.n
         info["offloaded"] = sum(1 for e in replaced if not e.summary)
@@ -130,15 +131,26 @@ class Swap:
 
     def _restore(self, old: List[int], prefix_tok: int) -> None:
         """The sequence holds ``old`` again after a failed in-place rebuild: its tail appended again, else a
-        fresh sequence of all of it (the live context must match its tokens)."""
+        fresh sequence of all of it.  When the engine fails at that too, the context remembers ``old``
+        (``Context.lost``) and the session's next call puts it back first (``Context.heal``): the live
+        messages never part ways with the tokens for good.  Never raises but for an interrupt."""
         seq = self.ctx.seq
         try:
             seq.truncate(prefix_tok)
             seq.append(old[prefix_tok:])
             return
-        except BaseException:  # noqa: BLE001 - the engine failed again: build it anew
+        except Exception:  # noqa: BLE001 - the engine failed again: build it anew
             pass
-        self.ctx.replace_sequence(self.ctx.engine.sequence(old))
+        except BaseException:   # an interrupt: the next call heals it
+            self.ctx.lost = old
+            raise
+        try:
+            self.ctx.replace_sequence(self.ctx.engine.sequence(old))
+        except Exception:  # noqa: BLE001 - the engine still fails: the session's next call heals it
+            self.ctx.lost = old
+        except BaseException:
+            self.ctx.lost = old
+            raise
 
 
 def _cancel(rb) -> None:

@@ -101,6 +101,7 @@ class CallLoop:
                                     "close() that stream before the next chat/stream/add/compact call")
         self._busy = True
         try:
+            self._ctx.heal()   # (a failed in-place swap the engine could not undo at the time)
             yield
         finally:
             self._busy = False

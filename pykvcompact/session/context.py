@@ -50,6 +50,7 @@ class Context:
         self.entries: List[Entry] = []
         self.partial: Optional[Partial] = None
         self.n_prefix = 0
+        self.lost: Optional[List[int]] = None   # tokens the sequence must hold again (heal), after a failed swap
         self.prefilled = 0                 # tokens appended by syncs (prompt tokens of the current call)
         self.on_truncate: Callable[[int], None] = lambda n: None
 
@@ -265,6 +266,23 @@ class Context:
             entry.start_char, entry.start_tok = prefix_char, prefix_tok
             head.append(entry)
         self.entries = head + self.entries[mark:]
+
+    def heal(self) -> None:
+        """Give the sequence back the tokens a failed in-place swap could not restore (``lost``), before
+        anything else uses it; EngineError, and ``lost`` kept for the next call, while the engine still
+        fails."""
+        if self.lost is None:
+            return
+        old, have = self.lost, self.seq.tokens
+        keep = next((i for i, (a, b) in enumerate(zip(old, have)) if a != b), min(len(old), len(have)))
+        try:
+            self.seq.truncate(keep)
+            self.seq.append(old[keep:])
+        except Exception as e:  # noqa: BLE001 - the engine still fails: say so, try again next call
+            from ..errors import EngineError
+            raise EngineError(f"the live context could not be rebuilt after a failed compaction ({e}); the "
+                              "session keeps its messages: call again once the engine works") from e
+        self.n, self.lost = len(self.seq), None
 
     def close(self) -> None:
         try:
