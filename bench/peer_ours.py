@@ -67,6 +67,13 @@ def fig_background(seq, J, L: int, out: dict) -> None:
     out["bg_finished_before_main"] = bool(bg_done_early)
 
 
+def summarize(seq, J) -> list[int]:
+    """The greedy summary of ``seq`` on a fork (dropped after)."""
+    with seq.fork() as f:
+        f.append(J["summarizer_prompt"])
+        return f.generate(J["summary_tokens"], temperature=0.0)
+
+
 def fig_compaction(seq, J, out: dict) -> None:
     """Blocking compaction of the conversation's own sequence (the only one alive, as the peer's one cache
     is), waited on: the summary on a fork of the history, then the rebuild as a session does it when
@@ -77,9 +84,7 @@ def fig_compaction(seq, J, out: dict) -> None:
     toks, keep_from = J["transcript"], H - J["tail_len"]
     seq.truncate(H)
     t0 = time.perf_counter()
-    with seq.fork() as f:
-        f.append(J["summarizer_prompt"])
-        summary = f.generate(J["summary_tokens"], temperature=0.0)
+    summary = summarize(seq, J)
     t1 = time.perf_counter()
     seq.truncate(sys_len)
     seq.append(list(summary) + toks[keep_from:H])
@@ -91,9 +96,7 @@ def fig_compaction(seq, J, out: dict) -> None:
     seq.truncate(0)
     seq.append(toks[:H])
     t2 = time.perf_counter()
-    with seq.fork() as f:
-        f.append(J["summarizer_prompt"])
-        summary = f.generate(J["summary_tokens"], temperature=0.0)
+    summary = summarize(seq, J)
     rb = seq.prepare_rebase(sys_len, summary, keep_from)
     seq.commit_rebase(rb)
     out["compaction_prepared_ms"] = now_ms(t2)

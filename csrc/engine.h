@@ -144,8 +144,10 @@ private:
     RebaseTask * find_rebase(uint64_t shadow_id);
     void end_tasks_touching(uint64_t handle, const std::string & why);
 
+    // the constructor's part after the context exists (engine.cpp): a throw there frees the context
+    void start(const EngineOptions & opts);
+
     // the step loop (engine_step.cpp)
-    void start(const EngineOptions & opts);   // the constructor's part after the context exists
     void loop();
     bool step();
     bool end_cancelled_queued_tasks();
