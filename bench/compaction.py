@@ -12,7 +12,6 @@ generated: on the main path (foreground) or interleaved in the background.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys
@@ -21,6 +20,11 @@ import time
 
 import pykvcompact as pk
 from pykvcompact.cli.agent_demo import run_agent_demo
+
+# run as a script only bench/ is on the path: the checkout goes at its end, so that pykvcompact stays the
+# installed package
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.common import write_result  # noqa: E402
 
 
 def run_mode(eng, mode: str, args, history: str, k: int) -> dict:
@@ -95,15 +99,9 @@ def main(argv=None) -> dict:
         print(f"{mode:10s} elapsed {m['elapsed_s']}  turn median {m['turn_ms_median']} ms  slowest {m['turn_ms_max']} "
               f"ms  rebases {m['rebases']}  prepared {m['rebases_prepared']}  fallback {m['rebases_fallback']}  "
               f"dropped {m['dropped']}  worst stall {m['worst_stall_ms']} ms", file=sys.stderr)
-        if args.out:  # written after each mode, so a long run that is stopped keeps what it measured
-            pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            pathlib.Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(result, args.out)  # after each mode, so that a long run that is stopped keeps what it measured
     eng.close()
-    text = json.dumps(result, indent=2)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
-    print(text)
+    print(write_result(result, args.out))
     return result
 
 

@@ -22,6 +22,11 @@ import time
 
 import pykvcompact as pk
 
+# run as a script only bench/ is on the path: the checkout goes at its end, so that pykvcompact stays the
+# installed package
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.common import write_result  # noqa: E402
+
 PORTS = [7391, 6143, 9257, 5821, 8469]
 FILES = ["ledger_sync.py", "billing_core.py", "tax_rules.py", "payout_map.py", "rates_cache.py"]
 PREFIXES = ["hx/", "zq-", "kw_", "mb/", "tr-"]
@@ -111,10 +116,7 @@ def main(argv=None) -> dict:
               "full_window": full_window, "turns": args.turns, "date": time.strftime("%Y-%m-%d"),
               "machine": "2-core CPU", "summary": summary, "runs": runs}
     eng.close()
-    text = json.dumps(result, indent=2)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
+    write_result(result, args.out)
     print(json.dumps(summary, indent=2))
     return result
 

@@ -10,7 +10,7 @@ KV reuse pays for the same question: prefilling context + probe from scratch.
 from __future__ import annotations
 
 import argparse
-import json
+import pathlib
 import platform
 import random
 import statistics
@@ -18,6 +18,11 @@ import sys
 import time
 
 import pykvcompact as pk
+
+# run as a script only bench/ is on the path: the checkout goes at its end, so that pykvcompact stays the
+# installed package
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.common import write_result  # noqa: E402
 
 
 def summary(samples: list[float]) -> dict:
@@ -156,13 +161,7 @@ def main(argv=None) -> dict:
     result["loadavg_end"] = _loadavg()
     result["engine_stats"] = {k: v for k, v in eng.stats().items() if k != "tokens_per_sequence"}
     eng.close()
-    text = json.dumps(result, indent=2)
-    if args.out:
-        import pathlib
-
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
-    print(text)
+    print(write_result(result, args.out))
     return result
 
 

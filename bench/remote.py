@@ -22,7 +22,6 @@ free loopback port, and stops it at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import socket
@@ -37,6 +36,11 @@ from pykvcompact.chat.template import ChatTemplate
 from pykvcompact.remote.llama_cpp_peer import server_command
 from pykvcompact.compaction.rubrics import load as load_rubric
 from pykvcompact.compaction.prober import PROBE_PROMPT
+
+# run as a script only bench/ is on the path: the checkout goes at its end, so that pykvcompact stays the
+# installed package
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
+from bench.common import write_result  # noqa: E402
 
 
 def start_server(model: str, threads: int, n_ctx: int):
@@ -206,11 +210,7 @@ def main(argv=None) -> dict:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    text = json.dumps(result, indent=2)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
-    print(text)
+    print(write_result(result, args.out))
     return result
 
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from .config import ServerConfig
+from .config import ServerConfig, policy_for
 from .errors import APIError, from_exception, install_handlers
 from .registry import SessionRegistry
 from .schemas import ChatCompletionRequest
@@ -86,7 +86,6 @@ def create_app(engine, registry: SessionRegistry, config: ServerConfig) -> FastA
 
     app.state.engine, app.state.registry, app.state.config = engine, registry, config
     started = int(time.time())
-    from .runner import policy_for
     chunk_tokens = policy_for(config).chunk_tokens
 
     def count_tokens(text: str) -> int:

@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..compaction.policy import Policy
+
 # Sequences one session may hold at once: the live one, a probe fork, a summary fork, a prepared rebase.
 SEQUENCES_PER_SESSION = 4
 
@@ -35,3 +37,11 @@ class ServerConfig:
         if self.served_name:
             return self.served_name
         return os.path.basename(str(self.model)) if self.model else "qwen2.5-coder-1.5b"
+
+
+def policy_for(config: ServerConfig) -> Policy:
+    """The compaction policy every session of the server runs under (a bad mode or rubric raises here)."""
+    keywords = dict(mode=config.mode, window=config.window, rubric=config.rubric,
+                    summary_max_tokens=config.summary_max_tokens, chunk_tokens=config.chunk_tokens)
+    keywords.update(config.policy_overrides)
+    return Policy(**keywords)

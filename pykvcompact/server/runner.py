@@ -9,7 +9,7 @@ import socket
 import threading
 from typing import Optional
 
-from .config import SEQUENCES_PER_SESSION, ServerConfig
+from .config import SEQUENCES_PER_SESSION, ServerConfig, policy_for
 from .registry import SessionRegistry
 
 # rough upper bounds of a session's probe and summarizer prompts, for the cell budget per session
@@ -25,14 +25,6 @@ def session_id_for(conversation_id: str) -> str:
         return conversation_id
     digest = hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return re.sub(r"[^A-Za-z0-9._-]", "_", conversation_id)[:100] + "-" + digest
-
-
-def policy_for(config: ServerConfig):
-    from ..compaction.policy import Policy
-    kw = dict(mode=config.mode, window=config.window, rubric=config.rubric,
-              summary_max_tokens=config.summary_max_tokens, chunk_tokens=config.chunk_tokens)
-    kw.update(config.policy_overrides)
-    return Policy(**kw)
 
 
 def session_capacity(config: ServerConfig, n_ctx: int, n_seq_max: int) -> int:

@@ -133,30 +133,11 @@ class Turn:
     def run(self, cancelled=None) -> Optional[dict]:
         """The whole reply; releases the conversation. ``cancelled()`` (the client went away) is checked
         between the session's items: the generation stops there and ``None`` is returned."""
-        self.checkout()
-        finished = False
-        try:
-            new = self._new_messages()
-            self.own_tools = bool(self.conv.session.tools_in_effect)
-            self.n_before = self.conv.session.n_tokens
-            self._t0 = time.perf_counter()
-            it = self._plain_items(new)
-            try:
-                for item in it:
-                    if not isinstance(item, str) and item is not CHUNK_DONE:
-                        self.events.append(item)
-                    if cancelled is not None and cancelled():
-                        return None
-            finally:
-                it.close()
-            finished = True
-            return self._finish(self.conv.session.last_response)
-        except Exception as exc:
-            raise from_exception(exc) from exc
-        finally:
-            if not finished:
-                self._abandon()
-            self.release()
+        last = None
+        for last in self._reply(self._plain_items, cancelled):
+            pass
+        # a reply stopped for the client ends before its final response (the only dict it yields)
+        return last if isinstance(last, dict) else None
 
     def _plain_items(self, new: List[dict]):
         """The session's items for a plain reply (``Session.steps``): generated as ``Session.chat`` does
@@ -184,23 +165,34 @@ class Turn:
     def stream(self, cancelled) -> Iterator[Union[str, object, dict]]:
         """Text deltas and events as the session yields them, then the final response dict.
         ``cancelled()`` is checked between items; the conversation is released at the end."""
-        finished = False
+        yield from self._reply(self._streamed_items, cancelled)
+
+    def _streamed_items(self, new: List[dict]):
+        return self.conv.session.stream(new, **self._kwargs())
+
+    # ------------------------------------------------------------------ both
+    def _reply(self, items_for, cancelled=None) -> Iterator[object]:
+        """Check out the conversation, then yield the session's items from ``items_for(new_messages)`` and
+        the final response dict; ``cancelled()`` is checked after each item and ends the reply there,
+        without a response. A reply that does not reach its response abandons the conversation (the
+        client's view of it is unknown); the conversation is released in every case."""
         self.checkout()
+        finished = False
         try:
             new = self._new_messages()
             self.own_tools = bool(self.conv.session.tools_in_effect)
             self.n_before = self.conv.session.n_tokens
             self._t0 = time.perf_counter()
-            it = self.conv.session.stream(new, **self._kwargs())
+            items = items_for(new)
             try:
-                for item in it:
-                    if not isinstance(item, str):
+                for item in items:
+                    if not isinstance(item, str) and item is not CHUNK_DONE:
                         self.events.append(item)
                     yield item
-                    if cancelled():
+                    if cancelled is not None and cancelled():
                         return
             finally:
-                it.close()
+                items.close()
             finished = True
             yield self._finish(self.conv.session.last_response)
         except Exception as exc:
