@@ -15,7 +15,7 @@ from .errors import (CancelledError, ContextFullError, EngineClosedError, Engine
 from .models.registry import list_models, resolve_model
 from .remote import RemoteEngine, RemoteError
 
-__version__ = "0.1.0"
+from .engine.versions import VERSION as __version__  # noqa: F401 (re-exported)
 
 __all__ = [
     "Engine", "Sequence", "Job", "Rebase", "physical_cores", "resolve_model", "list_models",

@@ -11,8 +11,9 @@ import warnings
 import pytest
 
 import pykvcompact as pk
+from pykvcompact.compaction.prober import ProbeSettings
 from pykvcompact.models import calibration, registry as models
-from pykvcompact.models.calibration import ProbeCalibration, ProbeSettings
+from pykvcompact.models.calibration import ProbeCalibration
 
 from fake_engine import FakeEngine
 
@@ -94,8 +95,8 @@ def test_engine_to_calibration_by_name_and_by_file(registry):
     class Unknown:
         model_name = "/x/other.gguf"
         model_path = "/x/other.gguf"
-    assert calibration.for_engine(ByPath()) is cal
-    assert calibration.for_engine(Unknown()) is None
+    assert models.for_engine(ByPath()) is cal
+    assert models.for_engine(Unknown()) is None
     assert ProbeSettings.of(pk.Policy(), Unknown()) == ProbeSettings(True, calibration.DEFAULT_THRESHOLD, "")
     assert ProbeSettings.of(pk.Policy(threshold=0.3), ByPath()).threshold == 0.3
 

@@ -160,7 +160,7 @@ def check_error(exc: BaseException, op: str) -> None:
 
 def check_session(s, before) -> None:
     """Consistent, nothing acknowledged lost, not left busy, within its window."""
-    assert not s._busy
+    assert not s._calls.busy
     check_invariants(s)
     after = s.transcript
     assert after[:len(before)] == before, "an acknowledged message changed or left the transcript"

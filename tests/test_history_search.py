@@ -70,11 +70,11 @@ def _fill(s, n=8):
 
 def test_offered_by_default_and_not_when_turned_off(tmp_path):
     _, s = _session(tmp_path / "a")
-    assert history_search.NAME in [t["function"]["name"] for t in s._cur_tools]
+    assert history_search.NAME in [t["function"]["name"] for t in s._tools.in_effect]
     assert "search_history" in s.render()
     s.close()
     _, s = _session(tmp_path / "b", history_tool=False)
-    assert s._cur_tools is None and "search_history" not in s.render()
+    assert s._tools.in_effect is None and "search_history" not in s.render()
     s.close()
     with pytest.raises(ValueError, match=r"history_tool must be True, False or None"):
         pk.Policy(history_tool="yes")
@@ -238,7 +238,7 @@ def test_contractions_and_common_words_do_not_match_everything():
 def test_offered_by_default_only_from_a_window_of_1024(tmp_path):
     for window, offered in ((600, False), (1024, True)):
         _, s = _session(tmp_path / str(window), window=window, summary_max_tokens=32)
-        assert (history_search.NAME in [t["function"]["name"] for t in (s._cur_tools or [])]) is offered
+        assert (history_search.NAME in [t["function"]["name"] for t in (s._tools.in_effect or [])]) is offered
         s.close()
     assert pk.Policy().offers_search and not pk.Policy(window=512).offers_search
     assert pk.Policy(window=512, history_tool=True).offers_search and not pk.Policy(history_tool=False).offers_search
@@ -316,7 +316,7 @@ def test_window_none_offers_search_only_when_the_window_is_large_enough(tmp_path
         eng = FakeEngine(n_ctx=n_ctx)
         s = pk.Session(eng, system="You are a test.", history_dir=tmp_path / str(n_ctx),
                        policy=pk.Policy(mode="hard", summary_max_tokens=48))
-        names = [t["function"]["name"] for t in (s._cur_tools or [])]
+        names = [t["function"]["name"] for t in (s._tools.in_effect or [])]
         assert (history_search.NAME in names) is offered and (s.window >= 1024 or not offered), (n_ctx, s.window)
         s.close()
 

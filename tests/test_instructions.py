@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pykvcompact as pk
-from pykvcompact.compaction.summary.summarizer import looks_like_tool_call
+from pykvcompact.compaction.summary.tool_call_syntax import looks_like_tool_call
 
 from fake_engine import FakeEngine, default_responder
 

@@ -224,7 +224,7 @@ def test_after_a_summary_missed_the_edge_the_next_is_sized_to_the_measured_pace(
         s.chat([call(i, "list_transactions", page=i), out(i, page(i))], max_tokens=8)
         i += 1
         assert i < 40
-    assert s._compactor.paced
+    assert s._compactor.background.paced
     meter = s._compactor.meter
     def slow():   # a second of prompt, then half a token a second: nothing fits before the edge
         meter._prompt_s, meter._write, meter._growth, meter._prefill = 1.0, 0.5, 500.0, 1000.0
@@ -249,7 +249,7 @@ def test_after_a_summary_missed_the_edge_the_next_is_sized_to_the_measured_pace(
 
 def test_a_fast_enough_model_still_writes_the_summary(tmp_path):
     eng, s = background(tmp_path)
-    s._compactor.paced = True
+    s._compactor.background.paced = True
     meter = s._compactor.meter
     for j in range(14):
         meter._prompt_s, meter._write, meter._growth, meter._prefill = 0.0, 1e6, 10.0, 1e6

@@ -69,7 +69,7 @@ def test_idle_takes_any_real_number(tmp_path):
     for seconds in (np.float32(0.01), np.int64(0), 10 ** 400):  # 10**400: as long as it takes
         assert s.idle(seconds) is None
     assert time.perf_counter() - t0 < 5   # nothing to prepare in hard mode: each returns at once
-    assert s.n_tokens == before and not s._busy   # the session is untouched and free for the next call
+    assert s.n_tokens == before and not s._calls.busy   # the session is untouched and free for the next call
     assert s.chat("hi", max_tokens=4)["choices"][0]["message"]["role"] == "assistant"
 
 

@@ -151,7 +151,7 @@ def test_tool_refuses_below_min_fill_and_compacts_above(tmp_path):
             return default_responder(prompt)
         return '<tool_call>\n{"name": "compact_conversation", "arguments": {}}\n</tool_call>'
     eng, s = make("hard", tmp_path=tmp_path, responder=responder, window=1400, compact_tool=True)
-    assert any(t["function"]["name"] == "compact_conversation" for t in s._cur_tools)
+    assert any(t["function"]["name"] == "compact_conversation" for t in s._tools.in_effect)
     r = s.chat("please compact now", max_tokens=40)
     assert "tool_refused" in names(s) and "rebased" not in names(s)
     tool_msgs = [m for m in s.messages if m["role"] == "tool"]
@@ -475,11 +475,11 @@ def test_call_tool_directly(tmp_path):
 
 def test_tool_mode_is_the_tool_alone_with_hard_as_safety_net(tmp_path):
     eng, s = make("tool", tmp_path=tmp_path, compact_tool=True, window=2000, probe_fn=lambda t: 0.99)
-    assert any(t["function"]["name"] == compaction_tool.NAME for t in s._cur_tools)
+    assert any(t["function"]["name"] == compaction_tool.NAME for t in s._tools.in_effect)
     for i in range(60):
         s.chat(user_msg(i), max_tokens=16)
     assert "probe" not in names(s) and "probe_skipped" not in names(s)   # no probes in this mode
     assert {e.trigger for e in s.events if e.name == "rebased"} == {"hard"}
     assert s.call_tool() != compaction_tool.NOTHING_TO_COMPACT or "compaction_skipped" in names(s)
     eng, n = make("none", tmp_path=tmp_path, compact_tool=True)
-    assert n._cur_tools is None                                           # truncation offers no tool
+    assert n._tools.in_effect is None                                           # truncation offers no tool

@@ -1,7 +1,7 @@
-"""The background mode's half of the :class:`~.compactor.Compactor`: start a preparation when the schedule
-says, advance it between steps with the rows its deadline needs, restart it at a later cut when the raw
-tail outgrew it, and commit it once caught up when COMPRESS, the tool or ``hard`` asked.  A mixin: it
-works on the compactor's state (``ctx``, ``prep``, ``meter``, ``lim``) and calls its ``_commit``."""
+"""The background mode's preparation: started when the schedule says, advanced between steps with the rows
+its deadline needs, restarted at a later cut when the raw tail outgrew it, marked for a commit when
+COMPRESS, the tool or ``hard`` asks, and caught up at the window edge within ``max_stall_ms``.  The
+:class:`~.compactor.Compactor` owns one and does the commit (the swap) when this says it is due."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from typing import Optional
 from .. import events as ev
 from .policy import needs_restart, summary_message_budget
 from . import scheduler as sch
-from ..engine.port import engine_errors
+from ..engine.port import engine_errors, free_cells
 from .preparation import Preparation
 from .summary.summaries import MIN_MODEL_TOKENS
 
@@ -26,13 +26,25 @@ MAX_BACKOFF = 3         # ...doubled per abandoned retry, at most this many time
 IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while the engine works alone
 
 
-class BackgroundPreparation:
+class Background:
+    def __init__(self, ctx, maker, policy, limits, emit, cuts, meter: sch.RateMeter, margin: int,
+                 fork_cells: Optional[int]):
+        """``cuts``: where the live context may be cut (cuts.py); ``meter``: the paces measured in this
+        session; ``margin``: tokens below the window the edge comes at; ``fork_cells``: cells this session
+        reserved beyond its window for forks (None: no limit but the pool)."""
+        self.ctx, self.maker, self.policy, self.lim, self.emit = ctx, maker, policy, limits, emit
+        self.cuts, self.meter, self.margin, self.fork_cells = cuts, meter, margin, fork_cells
+        self.prep: Optional[Preparation] = None
+        self.paced = False               # a model summary missed the window edge: size the next ones to the pace
+        self.skips = 0                   # preparations in a row that did not ask the model (no time)
+        self.missed = 0                  # model summaries in a row abandoned at the window edge (max_stall)
+
     def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
               keep_recent: Optional[int] = None, floor: bool = True) -> bool:
         if keep_recent is None and self.policy.mode == "background":
             keep_recent = self._keep_at_start(reason)
-        mark = self._mark(loose, keep_recent, floor)
-        if mark is None or (not loose and len(self.ctx) < self.no_gain_until):
+        mark = self.cuts.choose(loose, keep_recent, floor)
+        if mark is None or (not loose and self.cuts.gains_nothing()):
             return False
         ctx = self.ctx
         bg = self.policy.mode == "background"
@@ -41,7 +53,7 @@ class BackgroundPreparation:
         paced = bg and reason in PACED and self.skips < self._retry_after()
         try:
             job = self.maker.start(mark, instructions, background=bg, trigger=reason,
-                                   affordable=self._affordable() if paced else None)
+                                   affordable=self.affordable() if paced else None)
         except engine_errors():
             return False
         skipped = job.summary is not None and job.summary.reason == "no_time"
@@ -68,21 +80,7 @@ class BackgroundPreparation:
         """Does ``p``'s cut summarize a message no finished reply has followed yet (a tool result just in,
         the question a reply is being written to)?  Such a preparation is not swapped in before that reply
         unless the window's edge leaves no choice: the model answers what it has read in full."""
-        return p.mark_tok > len(self.ctx) - self._unanswered_tail()
-
-    def _unanswered_tail(self) -> int:
-        """Live tokens from the first message after the last finished assistant reply (0: none)."""
-        ents, first = self.ctx.entries, self.ctx.n_prefix
-        for i in range(len(ents) - 1, self.ctx.n_prefix - 1, -1):
-            if ents[i].summary or ents[i].msg.get("role") == "assistant":
-                first = i + 1
-                break
-        # what an agent waits on: a tool result, or the messages a reply is being written to (an agent
-        # that only adds messages, never asking for a reply, would otherwise hold every swap to the edge)
-        if first >= len(ents) or (self.ctx.partial is None and
-                                  not any(e.msg.get("role") == "tool" for e in ents[first:])):
-            return 0
-        return self._tokens_from(first)
+        return p.mark_tok > len(self.ctx) - self.cuts.unanswered_tail()
 
     def recut_for(self, trigger: str) -> None:
         """``/compact`` and the tool leave ``keep_recent`` raw: a pending preparation cut later than that
@@ -90,11 +88,11 @@ class BackgroundPreparation:
         p = self.prep
         if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.mark_tok >= self.lim.keep_recent:
             return
-        m = self._mark(True)
+        m = self.cuts.choose(True)
         if m is not None and m < p.mark:
             self.cancel("keep_recent")
 
-    def _affordable(self) -> Optional[int]:
+    def affordable(self) -> Optional[int]:
         """Summary tokens the model can write before the window edge at the paces measured in this session
         — the conversation's growth, the summary prompt's time before its first token, the writing rate
         after it, the rebased context's prefill — with a margin; None until a model summary has missed the
@@ -125,7 +123,7 @@ class BackgroundPreparation:
         its last summaries said nothing)."""
         if not self.maker.asks_model():
             return 0
-        a = self._affordable() if self.skips < self._retry_after() else None
+        a = self.affordable() if self.skips < self._retry_after() else None
         if a is None:
             return self.lim.summary
         return min(self.lim.summary, a) if a >= MIN_MODEL_TOKENS else 0
@@ -138,29 +136,53 @@ class BackgroundPreparation:
         if reason is not None:
             self.emit(ev.PreparationRestarted(reason, p.mark, len(self.ctx) - p.mark_tok))
 
-    def tick(self, turn_end: bool = False) -> None:
-        """Between steps (background mode): advance the preparation, start one when the schedule says,
-        restart one the raw tail has outgrown, commit one a COMPRESS verdict (or the tool) asked for once
-        caught up.  ``turn_end``: a call's messages are all in, or a reply is being written or just
+    def step(self, turn_end: bool = False) -> None:
+        """Between steps: advance the preparation, start one when the schedule says, restart one the raw
+        tail has outgrown.  ``turn_end``: a call's messages are all in, or a reply is being written or just
         closed: what comes next will be the raw tail."""
-        if self.policy.mode != "background":
-            return
         self.maker.notes.poll()
         if self.prep is not None:
             self._advance()
             self._restart_if_needed()
         if self.prep is None:
             rates = self.meter.rates()
-            why = sch.start_reason(self.policy, self.lim, self._state(len(self.ctx)), rates)
+            why = sch.start_reason(self.policy, self.lim, self.state(len(self.ctx)), rates)
             # turns as large as keep_recent: the next turn will be the raw tail, so at a turn's end the
             # whole history may be summarized now, while the conversation waits for its next message
             if why and not self.start(why) and turn_end and rates.turn_tokens >= self.lim.keep_recent:
                 self.start(why, keep_recent=0)
         if self.prep is not None and self.prep.fallback is None:
             self._advance()  # a preparation started or restarted now: its fallback context starts at once
+
+    def commit_due(self) -> Optional[Preparation]:
+        """The preparation to swap in now: one a COMPRESS verdict (or the tool) asked for, caught up, whose
+        cut leaves every unanswered message raw (None: none)."""
         p = self.prep
         if p is not None and p.commit_trigger and p.state == "caught_up" and not self.covers_unanswered(p):
-            self._commit(p.commit_trigger, None, edge=False)
+            return p
+        return None
+
+    def state(self, after: int, waited_ms: float = 0.0) -> sch.State:
+        """What the schedule needs to know (scheduler.py) when the live context would grow to ``after``."""
+        p, n = self.prep, len(self.ctx)
+        shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
+        # the pool is asked only above hard (an engine query waits for the engine's next step)
+        headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
+        state = p.state if p else "none"
+        if state == "caught_up" and self.covers_unanswered(p):
+            state = "ready"   # swapped in once the reply is written (the headroom above hard), or at the edge
+        return sch.State(tokens=n, tokens_after=after, prep=state,
+                         summary_left=p.summary_left() if p else self._next_writes(),
+                         prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
+                         waited_ms=waited_ms, headroom_ok=headroom)
+
+    def room_for(self, n: int) -> bool:
+        """Room for ``n`` more cells: in the pool, and within the cells this session reserved for forks
+        (other sessions on the engine count on theirs)."""
+        held = self.prep.cells(len(self.ctx)) if self.prep is not None else 0
+        if self.fork_cells is not None and held + n > self.fork_cells:
+            return False
+        return free_cells(self.ctx.engine) >= n + 8
 
     def _deadline_rows(self) -> int:
         """Rows per step the preparation gets next to the conversation's decoding: the engine's small
@@ -177,11 +199,11 @@ class BackgroundPreparation:
     def _advance(self) -> None:
         p = self.prep
         p.set_rows(self._deadline_rows())
-        if p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase):
+        if p.advance(self.ctx.seq, len(self.ctx), room=self.room_for, mode=self.policy.rebase):
             self.meter.summary(p.summary.tokens if not p.summary.fallback else 0, p.elapsed_ms / 1000.0)
             self.emit(self.maker.ready_event(p.summary, p.elapsed_ms))
         if p.state == "summarizing" and p.fallback is None:  # the edge may come first: prefill the fallback
-            p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self._room_for,
+            p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self.room_for,
                                mode=self.policy.rebase)
         if p.rb is not None and p.rb.done() and p.rb_t0:
             self.meter.prefill(p.rb_rows, time.perf_counter() - p.rb_t0)
@@ -207,7 +229,7 @@ class BackgroundPreparation:
         if not why and turn and p.prefix_tok + summary + tail + turn > edge:
             why = "tail_outgrew_window"  # committing it would not leave room for the next turn
         # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
-        m = self._mark(keep_recent=0) if why == "tail_outgrew_window" else self._mark()
+        m = self.cuts.choose(keep_recent=0) if why == "tail_outgrew_window" else self.cuts.choose()
         if not why or m is None or m <= p.mark:
             return
         new_tail = len(self.ctx) - self.ctx.mark_tok(m)
@@ -223,28 +245,14 @@ class BackgroundPreparation:
         if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trig:
             self.prep.commit_trigger = trig
 
-    def idle(self, seconds: float) -> None:
-        """Advance the preparation for up to ``seconds`` while the conversation has nothing to add."""
-        deadline = time.perf_counter() + seconds
-        while self.policy.mode == "background":
-            self.tick(turn_end=True)
-            p = self.prep
-            left = deadline - time.perf_counter()
-            if p is None or left <= 0 or (p.state == "caught_up" and p.fallback is None):
-                return
-            time.sleep(min(left, IDLE_POLL_S))
-
     def defer(self, trigger: str) -> bool:
-        """Background mode: commit a preparation (started now if needed) once it is caught up, instead of
-        waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
-        if self.policy.mode != "background":
-            return False
+        """Mark a preparation (started now if needed) for a commit once it is caught up, instead of
+        waiting for it.  True when a commit is scheduled."""
         self.ask_model_again()
         self.recut_for(trigger)
         if self.prep is None and not self.start(trigger, loose=True):
             return False
         self.prep.commit_trigger = trigger
-        self.tick()
         return True
 
     def ask_model_again(self) -> None:
@@ -254,17 +262,58 @@ class BackgroundPreparation:
         if p is not None and p.job.summary is not None and p.job.summary.skipped:
             self.cancel("asks_model")
 
-    def compress(self) -> None:
-        """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""
-        if self.policy.mode != "background":
-            if self._mark() is not None:
-                self.compact("compress")
-            return
+    def compress(self) -> bool:
+        """A COMPRESS verdict: mark the preparation (started now, at a cut worth summarizing, if there is
+        none) for a commit once caught up.  False when there is nothing to summarize."""
         if self.prep is None:
             self.start("compress")  # a cut worth summarizing (min_span), or nothing
-        if self.prep is not None:
-            self.prep.commit_trigger = "compress"
-            self.tick()
+        if self.prep is None:
+            return False
+        self.prep.commit_trigger = "compress"
+        return True
+
+    def missed_edge(self, p: Preparation, attempts: int, wait_ms: float) -> None:
+        """The model's summary was not in by the window edge: the pace it managed sizes the next ones (at
+        least a token: an attempt still in its prompt wrote none), so the next preparation asks the model
+        for what it can write in time (:meth:`affordable`)."""
+        self.meter.summary(max(1, p.written), p.elapsed_ms / 1000.0)
+        self.meter.summary_pace(*(p.pace or (p.elapsed_ms / 1000.0,)))  # no token yet: all of it was prompt
+        self.paced = True
+        self.missed += 1
+        self.emit(ev.SummaryFailed("max_stall", attempts,
+                                   f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="
+                                   f"{self.policy.max_stall_ms}; a wait stops early when the summary's "
+                                   "measured progress says it cannot be in by then)"))
+
+    def wait_at_edge(self, p: Preparation, t0: float):
+        """Until ``max_stall_ms`` after ``t0``: let the preparation catch up (the engine has the rows to
+        itself while the conversation waits).  Then, or at once when the model's summary cannot be in by
+        then, the fallback."""
+        deadline = t0 + self.policy.max_stall_ms / 1000.0
+        if not self._model_in_time(p):
+            return p.use_fallback()
+        while True:
+            p.advance(self.ctx.seq, len(self.ctx), room=self.room_for, mode=self.policy.rebase)
+            left = deadline - time.perf_counter()
+            if p.state == "caught_up" or left <= 0:
+                break
+            waitable = p.rb if p.rb is not None else p.job.attempt
+            if waitable is not None:
+                waitable.wait(min(left, 0.02))
+            else:
+                time.sleep(min(left, 0.005))
+        if p.state == "caught_up" or (p.replacement is not None and p.fallback is None):
+            return p.summary  # (the model's summary is there, its context not: as costly as a fallback's)
+        return p.use_fallback()
+
+    def _model_in_time(self, p: Preparation) -> bool:
+        """Can the model's summary still be written within ``max_stall_ms``?  By the measured background
+        summary rate, else by this job's own progress (its prompt's prefill counted in: a low estimate).
+        When it cannot and the fallback's context is prefilled, waiting would only add to the stall."""
+        if p.state != "summarizing" or p.fallback_rb is None:
+            return True
+        need = p.job.seconds_left(self.meter.rates().summary_tok_s)
+        return need is None or need <= self.policy.max_stall_ms / 1000.0  # unknown: wait and see
 
 
-__all__ = ["BackgroundPreparation", "DEADLINE_ROWS"]
+__all__ = ["Background", "DEADLINE_ROWS", "IDLE_POLL_S"]

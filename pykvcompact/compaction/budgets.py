@@ -1,15 +1,31 @@
 """How many KV cells a session's compaction needs beside its window: the summary message (one budget,
 :func:`summary_budget`, for what it keeps and what is reserved for it), the prepared context, the forks
 of the probe and the summarizer — and the largest window that fits a pool.  Pure functions of a
-:class:`~.policy.Policy`."""
+:class:`~.policy.Policy` (what they read of it: :class:`BudgetPolicy`)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .policy import Policy
+
+class BudgetPolicy(Protocol):
+    """What the budgets read of a :class:`~.policy.Policy`.  A protocol, not the class: ``policy.py`` sits
+    above this module (its limits and its restart rule are built on these budgets)."""
+    mode: str
+    window: Optional[int]
+    hard: float
+    soft: float
+    early_start: float
+    keep_recent: float
+
+    @property
+    def probes(self) -> bool: ...
+
+    def summary_tokens(self, window: int) -> int: ...
+
+    def user_tokens(self, window: int) -> int: ...
+
 
 SUMMARY_MESSAGE_OVERHEAD = 96   # the summary message's header, headings and template
 PROBE_SLACK = 8
@@ -32,7 +48,7 @@ class SummaryBudget:
         return self.text + self.kept + self.carried + self.overhead
 
 
-def summary_budget(p: Policy, window: int) -> SummaryBudget:
+def summary_budget(p: BudgetPolicy, window: int) -> SummaryBudget:
     text = p.summary_tokens(window)
     users = p.user_tokens(window)
     # the carried text has no cells of its own: it takes what the new summary text and the kept messages
@@ -41,13 +57,13 @@ def summary_budget(p: Policy, window: int) -> SummaryBudget:
     return SummaryBudget(text=text, users=users, kept=max(users, window // 8), carried=0, listed=max(16, text // 2))
 
 
-def summary_message_budget(p: Policy, window: int) -> int:
+def summary_message_budget(p: BudgetPolicy, window: int) -> int:
     """Tokens a summary message may take: the summary, the messages kept verbatim, the carried text, the
     template (:class:`SummaryBudget`)."""
     return summary_budget(p, window).total
 
 
-def shadow_budget(p: Policy, window: int) -> int:
+def shadow_budget(p: BudgetPolicy, window: int) -> int:
     """Cells reserved for the prepared (shadow) context beyond the shared prefix: summary + raw tail."""
     tail = math.ceil(p.keep_recent * window)
     if p.mode == "background":  # the tail grows from the mark (from soft - early_start) up to hard
@@ -58,7 +74,7 @@ def shadow_budget(p: Policy, window: int) -> int:
     return summary_message_budget(p, window) + tail
 
 
-def reserve_cells(p: Policy, window: int, *, probe_tokens: int = 0, summarizer_tokens: int = 0) -> int:
+def reserve_cells(p: BudgetPolicy, window: int, *, probe_tokens: int = 0, summarizer_tokens: int = 0) -> int:
     """Cells the session needs beyond its window at the worst moment.
 
     The probe fork holds ``probe_tokens`` new cells (briefly); the summary fork holds the summarizer prompt
@@ -81,7 +97,7 @@ def reserve_cells(p: Policy, window: int, *, probe_tokens: int = 0, summarizer_t
     return max(probe, summ, shadow_budget(p, window))
 
 
-def resolve_window(p: Policy, free_cells: int, *, probe_tokens: int = 0, summarizer_tokens: int = 0,
+def resolve_window(p: BudgetPolicy, free_cells: int, *, probe_tokens: int = 0, summarizer_tokens: int = 0,
                    min_window: int = 64) -> int:
     """The window for ``p`` given ``free_cells`` in the engine's pool.
 
@@ -116,5 +132,5 @@ def resolve_window(p: Policy, free_cells: int, *, probe_tokens: int = 0, summari
     return lo
 
 
-__all__ = ["SummaryBudget", "summary_budget", "summary_message_budget", "shadow_budget", "reserve_cells",
-           "resolve_window", "SUMMARY_MESSAGE_OVERHEAD", "PROBE_SLACK"]
+__all__ = ["BudgetPolicy", "SummaryBudget", "summary_budget", "summary_message_budget", "shadow_budget",
+           "reserve_cells", "resolve_window", "SUMMARY_MESSAGE_OVERHEAD", "PROBE_SLACK"]

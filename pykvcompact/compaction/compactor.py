@@ -1,14 +1,16 @@
 """Executing the policy's decisions: make room before each step, compact (synchronously or by committing
-the background preparation), drop only when nothing can be summarized, run the schedule between steps."""
+the background preparation), drop only when nothing can be summarized, run the schedule between steps.
+The background mode's preparation is a part of its own (background.py); the compactor swaps it in."""
 from __future__ import annotations
 
 import time
 from typing import Callable, Optional
 
 from .. import events as ev
-from .policy import sync_due, summary_message_budget
+from .policy import sync_due
 from . import scheduler as sch
-from .background import BackgroundPreparation
+from .background import IDLE_POLL_S, Background
+from .cuts import Cuts
 from ..engine.port import free_cells
 from .preparation import Preparation
 from .swap import Replacement, Swap
@@ -16,73 +18,39 @@ from .swap import Replacement, Swap
 LOOSE = ("manual", "tool", "window_full")
 
 
-class Compactor(BackgroundPreparation):
-    def __init__(self, ctx, ledger, maker, policy, limits, emit: Callable[[ev.Event], None]):
+class Compactor:
+    def __init__(self, ctx, ledger, maker, policy, limits, emit: Callable[[ev.Event], None],
+                 fork_cells: Optional[int] = None):
+        """``fork_cells``: cells the session reserved beyond its window for forks (None: the pool's)."""
         self.ctx, self.ledger, self.maker, self.policy, self.lim, self.emit = ctx, ledger, maker, policy, limits, emit
+        self.fork_cells = fork_cells
         self.swap = Swap(ctx, ledger, policy.rebase)
-        self.prep: Optional[Preparation] = None
         self.meter = sch.RateMeter()
-        self.no_gain_until = -1          # live size below which a summary is known to gain nothing
+        self.cuts = Cuts(ctx, limits)
+        self.margin = policy.chunk_tokens + 8   # the edge comes a chunk (and a little) before the window
+        self.background = Background(ctx, maker, policy, limits, emit, self.cuts, self.meter, self.margin,
+                                     fork_cells)
         self.last_skip = ""              # why the latest compaction was skipped
-        self.call_tidx: Optional[int] = None   # transcript index of the running call's first message
         self.worst_stall_ms = 0.0
-        self.paced = False               # a model summary missed the window edge: size the next ones to the pace
-        self.skips = 0                   # preparations in a row that did not ask the model (no time)
-        self.missed = 0                  # model summaries in a row abandoned at the window edge (max_stall)
-        self.margin = policy.chunk_tokens + 8
-        self.fork_cells: Optional[int] = None   # cells reserved beyond the window (set by the session)
         ctx.on_truncate = self._on_truncate
 
-    # ------------------------------------------------------------------ helpers
-    def _mark(self, loose: bool = False, keep_recent: Optional[int] = None, floor: bool = True) -> Optional[int]:
-        """The cut to summarize up to.  ``loose`` (the limit is here, or the user asked): when no cut leaves
-        ``keep_recent`` raw and covers ``min_span``, rather cut later (a span worth summarizing) than
-        summarize a few tokens for no gain.  ``floor``: never after the running call's first message until
-        its reply begins (the model is about to answer those messages); only a full window
-        (``floor=False``) cuts into them."""
-        least = self._call_tail() if floor else 0
-        keep = max(least, self.lim.keep_recent if keep_recent is None else keep_recent)
-        m = self.ctx.choose_mark(keep, self.lim.min_span)
-        if m is None and loose:
-            m = self.ctx.choose_mark(least, self.lim.min_span) or self.ctx.choose_mark(keep, 1)
-        return m
+    @property
+    def prep(self) -> Optional[Preparation]:
+        """The background preparation in progress (None: none)."""
+        return self.background.prep
 
-    def _call_tail(self) -> int:
-        """Live tokens from the running call's first message on (0 when no call runs or none is in yet)."""
-        if self.call_tidx is None:
-            return 0
-        for i, e in enumerate(self.ctx.entries):
-            if e.tidx >= self.call_tidx and not e.summary:
-                return self._tokens_from(i)
-        return 0
+    @property
+    def call_tidx(self) -> Optional[int]:
+        """Transcript index of the running call's first message: its messages stay raw until answered."""
+        return self.cuts.call_tidx
 
-    def _tokens_from(self, i: int) -> int:
-        """Live tokens from entry ``i`` on, counted from the last token boundary at or before it."""
-        for e in reversed(self.ctx.entries[:i + 1]):
-            if e.start_tok is not None:
-                return len(self.ctx) - e.start_tok
-        return 0
+    @call_tidx.setter
+    def call_tidx(self, value: Optional[int]) -> None:
+        self.cuts.call_tidx = value
 
-    def _room_for(self, n: int) -> bool:
-        """Room for ``n`` more cells: in the pool, and within the cells this session reserved for forks
-        (other sessions on the engine count on theirs)."""
-        held = self.prep.cells(len(self.ctx)) if self.prep is not None else 0
-        if self.fork_cells is not None and held + n > self.fork_cells:
-            return False
-        return free_cells(self.ctx.engine) >= n + 8
-
-    def _state(self, after: int, waited_ms: float = 0.0) -> sch.State:
-        p, n = self.prep, len(self.ctx)
-        shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
-        # the pool is asked only above hard (an engine query waits for the engine's next step)
-        headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
-        state = p.state if p else "none"
-        if state == "caught_up" and self.covers_unanswered(p):
-            state = "ready"   # swapped in once the reply is written (the headroom above hard), or at the edge
-        return sch.State(tokens=n, tokens_after=after, prep=state,
-                         summary_left=p.summary_left() if p else self._next_writes(),
-                         prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
-                         waited_ms=waited_ms, headroom_ok=headroom)
+    def cancel(self, reason: Optional[str]) -> None:
+        """Drop the background preparation (a ``preparation_restarted`` event says why, unless None)."""
+        self.background.cancel(reason)
 
     def _on_truncate(self, n: int) -> None:
         p = self.prep
@@ -100,23 +68,23 @@ class Compactor(BackgroundPreparation):
         if mode == "none" or not sync_due(self.policy, self.lim, after):
             return True
         if mode == "background":
-            return sch.edge_action(self.policy, self.lim, self._state(after), self.margin).kind == "none"
-        return self._mark() is None or len(self.ctx) < self.no_gain_until
+            return sch.edge_action(self.policy, self.lim, self.background.state(after), self.margin).kind == "none"
+        return self.cuts.choose() is None or self.cuts.gains_nothing()
 
     def make_room(self, after_fn: Callable[[], int], drop: bool = True) -> bool:
         """Compact (or, when nothing can be summarized and ``drop``, drop) so that ``after_fn()`` tokens fit."""
         after = after_fn()
         bg = self.policy.mode == "background"
         if bg and self.prep is None and after <= self.lim.window - self.margin and sync_due(self.policy, self.lim, after):
-            self.start("hard", loose=True)  # late: prepare now and use the headroom above hard meanwhile
+            self.background.start("hard", loose=True)  # late: prepare now and use the headroom above hard meanwhile
         if self.policy.mode != "none" and not self.room_ok(after):
             trig = "fixed" if self.policy.mode == "fixed" else "hard"
-            if self.prep is not None or self._mark() is not None:
+            if self.prep is not None or self.cuts.choose() is not None:
                 self.compact(trig, edge=bg)
                 after = after_fn()
         if not drop:
             return after <= self.lim.window
-        if after > self.lim.window and self.policy.mode != "none" and self._mark(True, 0, floor=False) is not None:
+        if after > self.lim.window and self.policy.mode != "none" and self.cuts.choose(True, 0, floor=False) is not None:
             # keep_recent cannot stay raw this time: summarize up to the newest cut rather than drop turns
             if self.compact("window_full", edge=True) is None and self.last_skip == "no_gain" and not self.maker.tight:
                 self.maker.tight = True  # the messages a summary keeps verbatim left no gain: summarize them too
@@ -141,7 +109,7 @@ class Compactor(BackgroundPreparation):
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
         wf = trigger == "window_full"
-        mark = self._mark(trigger in LOOSE, 0 if wf else None, floor=not wf)
+        mark = self.cuts.choose(trigger in LOOSE, 0 if wf else None, floor=not wf)
         if mark is None:
             self._skip("no_cut_point", trigger)
             return None
@@ -158,85 +126,47 @@ class Compactor(BackgroundPreparation):
         fallback summary (its context prefilled meanwhile).  Otherwise (``/compact``) the summary is
         waited for."""
         t0 = time.perf_counter()
-        p = self.prep
+        background = self.background
+        p = background.prep
         if p is not None and instructions and p.instructions != instructions:
-            self.cancel("new_instructions")
+            background.cancel("new_instructions")
             p = None
         if instructions or trigger == "manual":   # (the tool: in defer, when it is called)
-            self.ask_model_again()
-            p = self.prep
+            background.ask_model_again()
+            p = background.prep
         if p is not None and trigger == "manual":  # (the tool's re-cut is decided once, in defer)
-            self.recut_for(trigger)
-            p = self.prep
+            background.recut_for(trigger)
+            p = background.prep
         if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
-            self.cancel("window_full")
+            background.cancel("window_full")
             p = None
         wf = trigger == "window_full"
-        if p is None and not self.start(trigger, instructions, loose=trigger in LOOSE or edge,
-                                        keep_recent=0 if wf else None, floor=not wf):
+        if p is None and not background.start(trigger, instructions, loose=trigger in LOOSE or edge,
+                                              keep_recent=0 if wf else None, floor=not wf):
             self._skip("no_cut_point", trigger)
             return None
-        p = self.prep
+        p = background.prep
         prepared = p.state == "caught_up"
         if edge and not prepared:
-            summary = self._wait_at_edge(p, t0)
+            summary = background.wait_at_edge(p, t0)
         else:
             summary = p.finish(None)
         wait_ms = (time.perf_counter() - t0) * 1000.0 if not prepared else 0.0
         if summary.reason == "max_stall":
-            # the pace it managed (at least a token: an attempt still in its prompt wrote none), so the next
-            # preparation asks the model for what it can write in time (BackgroundPreparation._affordable)
-            self.meter.summary(max(1, p.written), p.elapsed_ms / 1000.0)
-            self.meter.summary_pace(*(p.pace or (p.elapsed_ms / 1000.0,)))  # no token yet: all of it was prompt
-            self.paced = True
-            self.missed += 1
-            self.emit(ev.SummaryFailed("max_stall", summary.attempts,
-                                       f"not ready at the window edge (waited {wait_ms:.0f} ms; max_stall_ms="
-                                       f"{self.policy.max_stall_ms}; a wait stops early when the summary's "
-                                       "measured progress says it cannot be in by then)"))
+            background.missed_edge(p, summary.attempts, wait_ms)
         elif not summary.fallback:
-            self.missed = 0
+            background.missed = 0
         if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
         rep, rb = p.replacement, p.rb
         p.drop_fallback()
-        self.prep = None
+        background.prep = None
         try:
             return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
         finally:
             if rb is not None and not getattr(rb, "committed", False):  # the swap failed or gained nothing
                 p.abandoned.append(rb)
             p.release()
-
-    def _model_in_time(self, p: Preparation) -> bool:
-        """Can the model's summary still be written within ``max_stall_ms``?  By the measured background
-        summary rate, else by this job's own progress (its prompt's prefill counted in: a low estimate).
-        When it cannot and the fallback's context is prefilled, waiting would only add to the stall."""
-        if p.state != "summarizing" or p.fallback_rb is None:
-            return True
-        need = p.job.seconds_left(self.meter.rates().summary_tok_s)
-        return need is None or need <= self.policy.max_stall_ms / 1000.0  # unknown: wait and see
-
-    def _wait_at_edge(self, p: Preparation, t0: float):
-        """Until ``max_stall_ms`` after ``t0``: let the preparation catch up (the engine has the rows to
-        itself while the conversation waits).  Then, or at once when the model's summary cannot be in by
-        then, the fallback."""
-        deadline = t0 + self.policy.max_stall_ms / 1000.0
-        if not self._model_in_time(p):
-            return p.use_fallback()
-        while True:
-            p.advance(self.ctx.seq, len(self.ctx), room=self._room_for, mode=self.policy.rebase)
-            left = deadline - time.perf_counter()
-            if p.state == "caught_up" or left <= 0:
-                break
-            waitable = p.rb if p.rb is not None else p.job.attempt
-            if waitable is not None:
-                waitable.wait(min(left, 0.02))
-            else:
-                time.sleep(min(left, 0.005))
-        if p.state == "caught_up" or (p.replacement is not None and p.fallback is None):
-            return p.summary  # (the model's summary is there, its context not: as costly as a fallback's)
-        return p.use_fallback()
 
     def _swap(self, rep: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rb=None,
               wait_ms: float = 0.0) -> Optional[ev.Rebased]:
@@ -246,7 +176,7 @@ class Compactor(BackgroundPreparation):
                     rb.cancel()
                 except Exception:  # noqa: BLE001
                     pass
-            self.no_gain_until = len(self.ctx) + self.lim.min_span
+            self.cuts.no_gain_until = len(self.ctx) + self.lim.min_span
             self._skip("no_gain", trigger)
             return None
         info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
@@ -265,7 +195,7 @@ class Compactor(BackgroundPreparation):
 
     def _history_changed(self) -> None:
         """A swap replaced the history: what was learnt about the old one (no gain, a tight summary) is void."""
-        self.no_gain_until = -1
+        self.cuts.no_gain_until = -1
         self.last_skip, self.maker.tight = "", False
 
     def drop(self, need: int, reason: str) -> bool:
@@ -331,6 +261,47 @@ class Compactor(BackgroundPreparation):
             return False
         self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
         return self._swap(rep, "window_full", t0, prepared=False, summary=summary) is not None
+
+    # ------------------------------------------------------------------ the background mode's schedule
+    def tick(self, turn_end: bool = False) -> None:
+        """Between steps (background mode): advance the preparation, start one when the schedule says,
+        restart one the raw tail has outgrown, commit one a COMPRESS verdict (or the tool) asked for once
+        caught up.  ``turn_end``: a call's messages are all in, or a reply is being written or just
+        closed: what comes next will be the raw tail."""
+        if self.policy.mode != "background":
+            return
+        self.background.step(turn_end)
+        due = self.background.commit_due()
+        if due is not None:
+            self._commit(due.commit_trigger, None, edge=False)
+
+    def idle(self, seconds: float) -> None:
+        """Advance the preparation for up to ``seconds`` while the conversation has nothing to add."""
+        deadline = time.perf_counter() + seconds
+        while self.policy.mode == "background":
+            self.tick(turn_end=True)
+            p = self.prep
+            left = deadline - time.perf_counter()
+            if p is None or left <= 0 or (p.state == "caught_up" and p.fallback is None):
+                return
+            time.sleep(min(left, IDLE_POLL_S))
+
+    def defer(self, trigger: str) -> bool:
+        """Background mode: commit a preparation (started now if needed) once it is caught up, instead of
+        waiting for it.  True when a commit is scheduled (or done, if it was caught up already)."""
+        if self.policy.mode != "background" or not self.background.defer(trigger):
+            return False
+        self.tick()
+        return True
+
+    def compress(self) -> None:
+        """A COMPRESS verdict: synchronous modes compact now; background commits once caught up."""
+        if self.policy.mode != "background":
+            if self.cuts.choose() is not None:
+                self.compact("compress")
+            return
+        if self.background.compress():
+            self.tick()
 
 
 __all__ = ["Compactor"]

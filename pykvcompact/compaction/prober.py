@@ -2,15 +2,18 @@
 compact; every due probe is an event — ``probe`` when the model was asked, ``probe_skipped`` and why when
 it was not.  The verdict adds ``Policy.cue_weight`` at a structural cue (``compaction/cue.py``: the assistant
 just answered without calling a tool, or a user message arrived since the last probe); the wording of a
-tool's output never counts."""
+tool's output never counts.  Whether the model is asked at all, and at which threshold, follows its
+measured calibration (:class:`ProbeSettings`, ``models/calibration.py``)."""
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from .. import events as ev
-from ..models.calibration import ProbeSettings
+from ..models.calibration import DEFAULT_THRESHOLD, MIN_AUC, MIN_HELD_OUT_J
+from ..models.registry import for_engine
 from .policy import probe_due, probe_skip_reason, verdict
 from ..engine.port import engine_errors, free_cells
 from .cue import structural_cue
@@ -18,6 +21,33 @@ from .cue import structural_cue
 PROBE_PROMPT = ("Context check. {rubric}\n"
                 "Is this a good moment to compact the conversation? Answer with one word: COMPRESS or CONTINUE.")
 LABELS = ("COMPRESS", "CONTINUE")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What one session's prober does: ask the model or not, and the threshold it applies."""
+    ask: bool
+    threshold: float
+    why: str                  # "" when asking; else the reason the probe is not asked
+
+    @classmethod
+    def of(cls, policy, engine, labels=None) -> "ProbeSettings":
+        """The calibration applies to what was measured: its rubric, asked with the default labels."""
+        if policy.threshold is not None:
+            return cls(True, float(policy.threshold), "")
+        cal = for_engine(engine) if labels is None or tuple(labels) == LABELS else None
+        if cal is not None and cal.rubric != policy.rubric:
+            cal = None
+        if cal is None:
+            return cls(True, DEFAULT_THRESHOLD, "")
+        if not cal.has_signal:
+            held = "" if cal.held_out_j is None else (
+                f", held-out TPR-FPR {cal.held_out_j:.2f} < {MIN_HELD_OUT_J} at 10% false COMPRESS")
+            return cls(False, cal.threshold,
+                       f"the probe carries no signal on this model (AUC {cal.auc:.2f}, minimum {MIN_AUC}{held}; "
+                       f"{cal.points} labelled points, {cal.source}): the session compacts on the schedule instead; "
+                       "pass Policy(threshold=...) to ask the probe anyway")
+        return cls(True, cal.threshold, "")
 
 
 class Prober:
@@ -98,4 +128,4 @@ class Prober:
         return v
 
 
-__all__ = ["Prober", "PROBE_PROMPT", "LABELS"]
+__all__ = ["Prober", "ProbeSettings", "PROBE_PROMPT", "LABELS"]

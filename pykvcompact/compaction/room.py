@@ -1,4 +1,5 @@
-"""Room in the window before a step: compact until the next text fits, or refuse it with a clear error."""
+"""Room in the window before a step: compact until the next text fits, or refuse it with a clear error.
+The one way the session makes room (the compactor decides how)."""
 from __future__ import annotations
 
 from typing import Callable, List
@@ -32,6 +33,15 @@ class Room:
             f"the new text does not fit in the window of {self.window} tokens even after compaction: "
             f"{after_fn()} needed, {len(ctx)} live in {len(ctx.entries)} messages (system prompt {ctx.prefix_tok()}); "
             "shorten the message, or use a larger window")
+
+    def fits(self, after: int) -> bool:
+        """Can the live context grow to ``after`` tokens without a compaction first?"""
+        return self.comp.room_ok(after)
+
+    def make_best_effort(self, after_fn: Callable[[], int]) -> None:
+        """Compact (or, as a last resort, drop turns) toward ``after_fn()`` tokens; never refuses: a reply
+        that still does not fit writes fewer tokens (the caller checks)."""
+        self.comp.make_room(after_fn)
 
     def for_batch(self, msgs: List[dict]) -> None:
         """Make room for a call's messages together, before the first is appended: a swap needed by this

@@ -11,7 +11,7 @@ import importlib.util
 import os
 import sys
 
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+from .versions import LLAMA_CPP_PYTHON_VERSION
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,7 +33,7 @@ def native():
     if alternative:  # another build of the same module, e.g. the sanitizer build of .ci/sanitize
         return _load_from(alternative)
     try:
-        from .. import _native
+        import pykvcompact._native as _native   # the compiled module itself (it imports nothing of ours)
     except ImportError as exc:
         raise ImportError(
             "pykvcompact's native module is not built or cannot load libllama; install the package with "

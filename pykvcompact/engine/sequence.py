@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence as _SeqABC
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -15,8 +15,25 @@ from . import state as _state
 from .arguments import check_int, token_list
 from .jobs import Job, Rebase, wait_job
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class SequenceOwner(Protocol):
+    """What a sequence uses of the :class:`~.engine.Engine` that made it.  A protocol, not the class:
+    ``engine.py`` imports this module to hand out sequences."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> dict: ...
+
+    def native(self): ...
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Iterable[int], *, special: bool = True) -> str: ...
 
 # Row kinds, as the native engine counts them in stats().
 FOREGROUND, BACKGROUND, PROBE = 0, 1, 2
@@ -34,7 +51,7 @@ class Sequence:
     Create with ``engine.sequence(tokens)``. The object stays valid across ``commit_rebase`` (its
     slot in llama.cpp may change; ``id`` does not)."""
 
-    def __init__(self, engine: Engine, handle: int):
+    def __init__(self, engine: SequenceOwner, handle: int):
         self.engine = engine
         self._h = handle
         self._closed = False

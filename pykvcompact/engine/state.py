@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .loader import LLAMA_CPP_PYTHON_VERSION
+from .versions import LLAMA_CPP_PYTHON_VERSION, VERSION
 from ..errors import InvalidStateError, StateMismatchError
 
 MAGIC = b"PKVCSEQ\x00"
@@ -49,13 +49,11 @@ class SavedState:
 
 def engine_fingerprint(engine) -> dict:
     """``Engine.fingerprint``: what a saved state must match to load into this engine."""
-    from .. import __version__  # the package is imported by the time an engine exists
-
     n_vocab = int(engine.n_vocab)
     key = {"file_size": os.path.getsize(engine.model_path), "metadata": dict(engine.metadata), "n_vocab": n_vocab}
     model = hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=True).encode("ascii")).hexdigest()
     return {"model": model, "model_file": os.path.basename(str(engine.model_path)), "n_vocab": n_vocab,
-            "n_ctx": int(engine.n_ctx), "pykvcompact": __version__, "llama_cpp": LLAMA_CPP_PYTHON_VERSION}
+            "n_ctx": int(engine.n_ctx), "pykvcompact": VERSION, "llama_cpp": LLAMA_CPP_PYTHON_VERSION}
 
 
 def pack(fingerprint: dict, tokens: list, evaluated: int, logits: Any, state: bytes) -> bytes:

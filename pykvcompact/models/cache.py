@@ -11,13 +11,11 @@ import logging
 import os
 import pathlib
 import tempfile
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from . import progress
 from ..errors import InvalidModelError
-
-if TYPE_CHECKING:
-    from .registry import ModelSpec
+from .spec import ModelSpec
 
 log = logging.getLogger("pykvcompact.models.registry")   # the name its messages always had
 CHUNK = 1 << 20  # 1 MiB

@@ -1,4 +1,4 @@
-"""What the rubric probe is worth on each registry model, measured, and what the session does with it.
+"""What the rubric probe is worth on each registry model, measured, and when that counts as a signal.
 
 ``bench/eval/calibrate.py`` runs labelled episodes (kept apart from the evaluation's) and measures how
 well p(COMPRESS) separates sub-goal boundaries (good moments to compact) from points inside a sub-goal:
@@ -6,7 +6,9 @@ its ROC AUC, and the threshold that best separates them.  The registry ships the
 (``ModelSpec.probe``).  A session whose ``Policy.threshold`` is ``None`` (the default) takes the model's
 calibrated threshold; where the probe carries no signal (AUC below :data:`MIN_AUC`) it does not ask the
 probe at all and compacts on the schedule (``hard``, and in ``background`` the preparation schedule),
-and says so.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.
+and says so.  An explicit ``Policy.threshold`` always asks the probe and uses that threshold.  That
+decision is the prober's (``compaction/prober.py``: ``ProbeSettings``); the registry finds the entry of
+the model an engine runs (``registry.for_engine``).  This module, below both, holds only the measurement.
 
 The figures that decide are measured *out of family*: ``bench/eval/calibrate.py --lofo`` fits the threshold
 (Youden's J) on all families but one and scores the held-out one, for each family in turn; ``auc`` is the
@@ -17,7 +19,6 @@ a tool's output enters a calibration (the structural cue of ``compaction/cue.py`
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -48,65 +49,4 @@ class ProbeCalibration:
         return self.auc >= MIN_AUC and (self.held_out_j is None or self.held_out_j >= MIN_HELD_OUT_J)
 
 
-def spec_of(engine):
-    """The registry entry of the model a local ``engine`` runs (by registry name or file name), or None (a
-    model file of another name; a remote server, whatever its model is called)."""
-    from .registry import REGISTRY
-
-    path = getattr(engine, "model_path", None)
-    if path is None:
-        return None
-    name = getattr(engine, "model_name", None)
-    if isinstance(name, str) and name in REGISTRY:
-        return REGISTRY[name]
-    base = os.path.basename(str(path))
-    for spec in REGISTRY.values():
-        names = {os.path.basename(f) for f in spec.files} | ({spec.cache_name} if spec.cache_name else set())
-        if base in names:
-            return spec
-    return None
-
-
-def for_engine(engine) -> Optional[ProbeCalibration]:
-    """The calibration of the registry model a local ``engine`` runs, or None (not measured)."""
-    spec = spec_of(engine)
-    return spec.probe if spec is not None else None
-
-
-def notes_help(engine) -> bool:
-    """Does the model's note of a tool result carry what the task needs (``bench/notes.py``)?  False where
-    the registry measured that it does not (SmolLM2-135M); True where it did or nothing was measured."""
-    spec = spec_of(engine)
-    return spec is None or spec.notes_help is not False
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """What one session's prober does: ask the model or not, and the threshold it applies."""
-    ask: bool
-    threshold: float
-    why: str                  # "" when asking; else the reason the probe is not asked
-
-    @classmethod
-    def of(cls, policy, engine, labels=None) -> "ProbeSettings":
-        """The calibration applies to what was measured: its rubric, asked with the default labels."""
-        from ..compaction.prober import LABELS
-
-        if policy.threshold is not None:
-            return cls(True, float(policy.threshold), "")
-        cal = for_engine(engine) if labels is None or tuple(labels) == LABELS else None
-        if cal is not None and cal.rubric != policy.rubric:
-            cal = None
-        if cal is None:
-            return cls(True, DEFAULT_THRESHOLD, "")
-        if not cal.has_signal:
-            held = "" if cal.held_out_j is None else (
-                f", held-out TPR-FPR {cal.held_out_j:.2f} < {MIN_HELD_OUT_J} at 10% false COMPRESS")
-            return cls(False, cal.threshold,
-                       f"the probe carries no signal on this model (AUC {cal.auc:.2f}, minimum {MIN_AUC}{held}; "
-                       f"{cal.points} labelled points, {cal.source}): the session compacts on the schedule instead; "
-                       "pass Policy(threshold=...) to ask the probe anyway")
-        return cls(True, cal.threshold, "")
-
-
-__all__ = ["ProbeCalibration", "ProbeSettings", "for_engine", "MIN_AUC", "MIN_HELD_OUT_J", "DEFAULT_THRESHOLD"]
+__all__ = ["ProbeCalibration", "MIN_AUC", "MIN_HELD_OUT_J", "DEFAULT_THRESHOLD"]

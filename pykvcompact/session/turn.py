@@ -26,14 +26,14 @@ CHUNK_DONE = _ChunkDone()
 
 @dataclass
 class TurnParts:
-    """What a reply needs of its session, handed to it (the session builds one per call)."""
+    """What a reply needs of its session, handed to it (the call loop builds one per reply)."""
     ctx: object                                    # the live context (session/context.py)
     compactor: object                              # room, schedule ticks (compaction/compactor.py)
     prober: object                                 # counts generated tokens (compaction/prober.py)
     ledger: object                                 # records a reply the sequence lost (session/ledger.py)
+    room: object                                   # makes room before each chunk (compaction/room.py)
     window: int
     chunk_tokens: int                              # tokens generated between two schedule ticks
-    make_room: Callable[[Callable[[], int]], None]
     drain: Callable[[], Iterator]                  # the session's pending events
     probe_if_due: Callable[[], Iterator]           # a due rubric probe (its events)
     append: Callable[..., object]                  # a message into the live context and the transcript
@@ -54,7 +54,7 @@ class Turn:
         """Generator of text deltas and events; returns ``(message, finish_reason, n_generated)``."""
         s = self.parts
         ctx = s.ctx
-        s.make_room(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
+        s.room.make(lambda: ctx.measure(ctx.render(add_generation_prompt=True)) + self.close_cost() + 1)
         yield from s.drain()  # before the reply begins: a stream closed here leaves no reply half-open
         p = ctx.begin_reply()
         if not self.keep_call_raw:
@@ -64,8 +64,8 @@ class Turn:
             while len(p.tokens) < self.max_tokens:
                 n = min(s.chunk_tokens, self.max_tokens - len(p.tokens))
                 reserve = self.close_cost()  # the turn must close inside the window too
-                if not s.compactor.room_ok(len(ctx) + n + reserve):
-                    s.compactor.make_room(lambda: len(ctx) + n + reserve)
+                if not s.room.fits(len(ctx) + n + reserve):
+                    s.room.make_best_effort(lambda: len(ctx) + n + reserve)
                     yield from s.drain()
                     if len(ctx) + n + reserve > s.window:
                         n = s.window - len(ctx) - reserve

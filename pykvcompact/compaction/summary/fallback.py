@@ -4,7 +4,8 @@ for the assistant's own statements.  Pure functions; ``count`` is text -> tokens
 from __future__ import annotations
 
 from .keeper import budget_items
-from .summarizer import FIRST_REQUEST, LAST_REQUEST, fallback_summary, looks_like_tool_call
+from .summarizer import FIRST_REQUEST, LAST_REQUEST, fallback_summary
+from .tool_call_syntax import looks_like_tool_call
 
 
 def fallback_text(msgs, reason: str, budget: int, count, overflow=(), spare: int = 0) -> str:

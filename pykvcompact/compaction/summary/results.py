@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .summarizer import CALL_TAGS
+from .tool_call_syntax import CALL_TAGS
 
 RESULTS_HEADING = "From the replaced history, verbatim (the assistant's statements, then the tools' outputs):"
 SESSION_TOOLS = ("search_history", "compact_conversation")

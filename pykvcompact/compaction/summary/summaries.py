@@ -1,9 +1,9 @@
 """Building summaries of the live history: the summarizer prompt on a fork, the summary message that
-replaces the history (kept user messages, carried facts, the new summary) and its tokens."""
+replaces the history (kept user messages, carried facts, the new summary: planned in ``plan.py``) and its
+tokens."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ... import events as ev
@@ -12,17 +12,18 @@ from ..policy import summary_budget
 from .summarizer import (FIRST_HEADING, SUMMARY_HEADER, summarizer_request, without_repeated_requests)
 from ...session.context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
-                     message_text, plan_kept, split_standing, trim_lines, trim_standing)
+                     split_standing, trim_lines, trim_standing)
 from ...session.ledger import Ledger
-from .novelty import informative, says_something_new
+from .novelty import says_something_new
 from ...chat.messages import view_of
 from . import results as res
-from ...models.calibration import notes_help
+from ...models.registry import notes_help
 from .notes import NoteTaker
 from .job import Summary, SummaryJob
 from ...engine.port import free_cells
 from ..swap import Replacement
 from .shares import SummaryShares
+from .plan import Plan, first_user, plan_summary
 from .fallback import fallback_text, give_up, trim_lines_end, users_words
 
 
@@ -36,18 +37,6 @@ MIN_MODEL_TOKENS = 32   # a model summary shorter than this is not worth its pro
 SAID_NOTHING_LIMIT = 2
 ASK_AGAIN_AFTER = 3
 ASK_AGAIN_MAX = 24
-
-
-@dataclass
-class Plan:
-    """What a summary of ``entries[n_prefix:mark]`` is made of, besides the model's text."""
-    kept: list        # messages kept verbatim (Candidates)
-    overflow: list    # user messages over budget (handed to the summarizer)
-    carried: str      # the earlier summaries' text, carried forward
-    standing: list    # the earlier summaries' standing instructions (carried with priority)
-    results: list     # key results: the earlier summaries' list, then the span's own (results.py)
-    left_out: int = 0  # results the earlier summaries left out for space (the next one still says so)
-    prior: list = dataclasses.field(default_factory=list)   # the lines the earlier summaries listed
 
 
 class SummaryMaker:
@@ -64,7 +53,7 @@ class SummaryMaker:
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
         # what the model noted of each tool result (journaled: kept across save/load)
-        # (Policy(notes=None) takes none on a model measured to note nothing useful: calibration.notes_help)
+        # (Policy(notes=None) takes none on a model measured to note nothing useful: registry.notes_help)
         takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
         self.notes = NoteTaker(ctx, emit, takes, lambda tidx, lines: ledger.journal.note(tidx, lines), self._task)
 
@@ -91,66 +80,14 @@ class SummaryMaker:
     # ------------------------------------------------------------------ what is kept
     def _task(self) -> str:
         """The first user message's text (the task a note is asked about), "" before there is one."""
-        i = self._first_user()
+        i = first_user(self.ledger.transcript)
         content = self.ledger.transcript[i].get("content") if i is not None else ""
         return content if isinstance(content, str) else ""
 
-    def _first_user(self) -> Optional[int]:
-        return next((i for i, m in enumerate(self.ledger.transcript)
-                     if m.get("role") == "user" and not m.get("summary")), None)
-
     def plan(self, mark: int) -> Plan:
-        """What a summary of ``entries[n_prefix:mark]`` carries: the messages kept verbatim, the user
-        messages over budget (handed to the summarizer), the earlier summaries' text, their standing
-        instructions and their key results (carried forward with priority), then the span's own results."""
-        first = self._first_user()
-        cands, carried, standing, results, span, left_out = [], [], [], [], [], 0
-        for e in self.ctx.entries[self.ctx.n_prefix:mark]:
-            if e.summary:
-                meta = self.meta.get(id(e.msg), SummaryMeta())
-                # a message kept here as a plain user message may have been pinned since: it is one now
-                cands.extend(dataclasses.replace(c, pinned=True) if self.ledger.is_pinned(c.tidx) else c
-                             for c in meta.kept)
-                old, body = split_standing(meta.body)  # (a body logged before standing was kept apart)
-                standing.extend(meta.standing + old)
-                results.extend(meta.results)
-                left_out += meta.left_out
-                carried.append(body)
-                continue
-            if not self.ledger.is_pinned(e.tidx):   # a pinned message is kept whole: no need to list its lines
-                span.append((e.tidx, e.msg))
-            if e.msg.get("role") in ("user", "system") or self.ledger.is_pinned(e.tidx):
-                text = message_text(e.msg)
-                pinned = self.ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
-                cands.append(Candidate(e.tidx, e.msg["role"], text, len(self.ctx.tok(text)) + 4,
-                                       pinned, e.tidx == first))
-        cands.extend(self._musts_elsewhere(cands))
-        if self.tight:
-            kept, overflow = plan_kept(cands, 0, must_limit=0)
-        else:
-            kept, overflow = plan_kept(cands, self.shares.users(), must_limit=self.shares.musts(),
-                                       count=lambda text: len(self.ctx.tok(text)))
-        found = res.extract(span, [e.msg for e in self.ctx.entries[:mark]], self.notes.notes)
-        carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
-        return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
-                    list(results))
-
-    def _musts_elsewhere(self, cands) -> List[Candidate]:
-        """The first user message and the pinned messages that neither the live context nor its summaries
-        hold (pinned after they left it, or dropped by a swap that had no room for them): they come back
-        verbatim in this summary."""
-        held = {c.tidx for c in cands} | {e.tidx for e in self.ctx.entries if not e.summary}
-        for e in self.ctx.entries:
-            if e.summary:
-                held.update(c.tidx for c in self.meta.get(id(e.msg), SummaryMeta()).kept)
-        first = self._first_user()
-        out = []
-        for i in sorted((self.ledger.pinned | ({first} if first is not None else set())) - held):
-            m = self.ledger.transcript[i]
-            text = message_text(m)
-            out.append(Candidate(i, m["role"], text, len(self.ctx.tok(text)) + 4, self.ledger.is_pinned(i),
-                                 i == first))
-        return out
+        """What a summary of ``entries[n_prefix:mark]`` carries (:func:`~.plan.plan_summary`)."""
+        return plan_summary(self.ctx, self.ledger, self.meta, mark, shares=self.shares, notes=self.notes.notes,
+                            tight=self.tight)
 
     # ------------------------------------------------------------------ the job
     def start(self, mark: int, instructions: Optional[str], *, background: bool,
