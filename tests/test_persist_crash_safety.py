@@ -350,7 +350,7 @@ def test_a_loaded_session_continues_through_compactions_and_its_history_holds_ev
     s.save(tmp_path / "x.pkv")
     s.close()
     r = pk.Session.load(eng, tmp_path / "x.pkv")
-    assert r.transcript == before and 3 in r._ledger.pinned
+    assert r.transcript == before and 3 in r._transcript.pinned
     for i in range(15, 40):
         r.chat(user_msg(i), max_tokens=16)
     assert r.transcript[:len(before)] == before
@@ -570,7 +570,7 @@ def test_a_failed_history_write_leaves_no_half_block(tmp_path, monkeypatch):
     text = open(s.history_path, encoding="utf-8").read()
     offloaded_once = [m for m in s.offloaded if m.get("content")]
     assert offloaded_once and all(text.count(m["content"]) == 1 for m in offloaded_once)
-    assert s._ledger.history.blocks == text.count("## Offload")
+    assert s._transcript.history.blocks == text.count("## Offload")
 
 
 def test_a_load_into_a_much_smaller_engine_is_refused_clearly(tmp_path):

@@ -17,7 +17,7 @@ def same_state(a, b):
     assert b.transcript == a.transcript
     assert b.messages == a.messages
     assert b.offloaded == a.offloaded
-    assert b._ledger.pinned == a._ledger.pinned
+    assert b._transcript.pinned == a._transcript.pinned
     assert b.tokens == a.tokens
     check_invariants(b)
 

@@ -19,12 +19,12 @@ LOOSE = ("manual", "tool", "window_full")
 
 
 class Compactor:
-    def __init__(self, ctx, ledger, maker, policy, limits, emit: Callable[[ev.Event], None],
+    def __init__(self, ctx, transcript, maker, policy, limits, emit: Callable[[ev.Event], None],
                  fork_cells: Optional[int] = None):
         """``fork_cells``: cells the session reserved beyond its window for forks (None: the pool's)."""
-        self.ctx, self.ledger, self.maker, self.policy, self.lim, self.emit = ctx, ledger, maker, policy, limits, emit
+        self.ctx, self.transcript, self.maker, self.policy, self.lim, self.emit = ctx, transcript, maker, policy, limits, emit
         self.fork_cells = fork_cells
-        self.swap = Swap(ctx, ledger, policy.rebase)
+        self.swap = Swap(ctx, transcript, policy.rebase, describe=maker.describe)
         self.meter = sch.RateMeter()
         self.cuts = Cuts(ctx, limits)
         self.margin = policy.chunk_tokens + 8   # the edge comes a chunk (and a little) before the window
@@ -182,7 +182,7 @@ class Compactor:
         info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
         self._notes_fit()
         self._history_changed()
-        self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
+        self.emit(ev.Offloaded(self.transcript.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
         self.worst_stall_ms = max(self.worst_stall_ms, stall)
         e = ev.Rebased(info.get("mode", self.policy.rebase), info["tokens_before"], info["tokens_after"], stall,
@@ -221,7 +221,7 @@ class Compactor:
                              mode="splice" if can_shift else None)
         self._history_changed()
         self._notes_fit()
-        self.emit(ev.Offloaded(self.ledger.path, info["offloaded"]))
+        self.emit(ev.Offloaded(self.transcript.path, info["offloaded"]))
         stall = (time.perf_counter() - t0) * 1000.0
         self.worst_stall_ms = max(self.worst_stall_ms, stall)
         self.emit(ev.Rebased(info.get("mode", "exact"), info["tokens_before"], info["tokens_after"], stall,

@@ -90,9 +90,9 @@ class Recall:
     """Collects the names of the messages a call adds (:meth:`note`) and, before the reply, adds one recall
     message for those the offloaded history holds and the live context lacks (:meth:`run`)."""
 
-    def __init__(self, ctx, ledger, budget: int, emit: Callable[[ev.Event], None],
+    def __init__(self, ctx, transcript, budget: int, emit: Callable[[ev.Event], None],
                  append: Callable[[dict], object], window: int, search_offered: Callable[[], bool]):
-        self.ctx, self.ledger, self.budget, self.emit, self.append = ctx, ledger, budget, emit, append
+        self.ctx, self.transcript, self.budget, self.emit, self.append = ctx, transcript, budget, emit, append
         self.window, self.search_offered = window, search_offered
         self.names: List[str] = []          # named since the last recall, in order
         self.naming: Set[int] = set()       # id() of the messages that named them (not "the live context")
@@ -111,7 +111,7 @@ class Recall:
     def note(self, msgs: Iterable[dict], skip_calls: Callable[[dict], bool] = lambda c: False) -> None:
         """Remember what ``msgs`` (just added, or just generated) name.  Nothing is scanned while nothing
         is offloaded, nor with a zero budget."""
-        if self.budget <= 0 or not self.ledger.offloaded:
+        if self.budget <= 0 or not self.transcript.offloaded:
             return
         for m in msgs:
             try:
@@ -140,7 +140,7 @@ class Recall:
         the recall (the rest of the batch): it is added only if they fit after it in the window."""
         if not self.names:
             return None
-        if self.budget <= 0 or not self.ledger.offloaded:
+        if self.budget <= 0 or not self.transcript.offloaded:
             self.clear()
             return None
         entries = self.ctx.entries
@@ -160,7 +160,7 @@ class Recall:
         missing = named
         # a well-formed lookup: the search_history call, then its result (a tool result with no call before
         # it is read as something to continue: Qwen2.5-Coder-1.5B answered two questions by repeating it)
-        call_id = f"recall_{len(self.ledger.transcript)}"
+        call_id = f"recall_{len(self.transcript.messages)}"
         call = {"role": "assistant", "content": None, FLAG: True, "tool_calls": [
             {"id": call_id, "type": "function",
              "function": {"name": history_search.NAME, "arguments": json.dumps({"query": " ".join(missing)})}}]}
@@ -182,10 +182,10 @@ class Recall:
     def _offloaded(self) -> Tuple[List[Tuple[int, dict]], str]:
         """``(transcript index, message)`` of the searchable offloaded messages, and their text (cached
         until more are offloaded)."""
-        off = self.ledger.offloaded
+        off = self.transcript.offloaded
         key = (id(off), len(off))
         if key != self._off_key:
-            where = {id(m): i for i, m in enumerate(self.ledger.transcript)}
+            where = {id(m): i for i, m in enumerate(self.transcript.messages)}
             self._off_pairs = [(where.get(id(m), -1), m) for m in off
                                if history_search.searchable(m) and not m.get(FLAG)]
             self._off_text = "\n".join(_text(m) for _, m in self._off_pairs)
@@ -223,9 +223,9 @@ class Recall:
 
     def _superseded(self, pairs) -> Set[int]:
         """:func:`_superseded` of the transcript, cached until it grows or more is offloaded."""
-        key = (len(self.ledger.transcript), len(pairs))
+        key = (len(self.transcript.messages), len(pairs))
         if key != self._stale_key:
-            self._stale, self._stale_key = _superseded(self.ledger.transcript, pairs), key
+            self._stale, self._stale_key = _superseded(self.transcript.messages, pairs), key
         return self._stale
 
     def _message(self, missing: List[str], texts: Sequence[str], pairs, live: Sequence[dict] = ()

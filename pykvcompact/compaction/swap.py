@@ -2,7 +2,7 @@
 
 Fixed order: (1) offload the replaced messages to the history file (durable, idempotent), (2) build the
 new sequence — commit a prepared rebase, else prepare one and wait, else prefill a fresh sequence —
-(3) only then replace the live entries and the ledger.  A failure in (1) or (2) leaves the live context
+(3) only then replace the live entries and the transcript.  A failure in (1) or (2) leaves the live context
 exactly as it was (the history file may hold the messages already; a retry does not write them twice).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 
 from .. import errors
 from ..session.context import Context, Entry
-from ..session.ledger import Ledger
+from ..session.transcript import Transcript
 from ..engine.port import engine_errors, rebuilds_in_place
 
 
@@ -31,8 +31,10 @@ class Replacement:
 
 
 class Swap:
-    def __init__(self, ctx: Context, ledger: Ledger, rebase_mode: str = "exact"):
-        self.ctx, self.ledger, self.rebase_mode = ctx, ledger, rebase_mode
+    def __init__(self, ctx: Context, transcript: Transcript, rebase_mode: str = "exact",
+                 describe: Callable[[dict], Optional[dict]] = lambda msg: None):
+        """``describe``: what a summary message holds, for the log (the summary maker's)."""
+        self.ctx, self.transcript, self.rebase_mode, self.describe = ctx, transcript, rebase_mode, describe
         self.last: Optional[Replacement] = None   # what the latest swap put in (a smaller plan, maybe)
 
     def gain(self, rep: Replacement) -> int:
@@ -45,17 +47,17 @@ class Swap:
         replaced = ctx.entries[ctx.n_prefix:rep.mark]
         span = ctx.span(rep.mark)
         before = len(ctx)
-        self.ledger.offload(replaced, reason)                                   # (1)
+        self.transcript.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
         while True:
             if rep.msg is not None:
-                self.ledger.log(rep.msg, live=False)  # the summary is durable before anything changes
+                self.transcript.log(rep.msg, live=False)  # the summary is durable before anything changes
             try:
                 info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
                 break
             except BaseException as e:
                 if rep.msg is not None:
-                    self.ledger.unlog(len(self.ledger.transcript))
+                    self.transcript.unlog(len(self.transcript.messages))
                 # (a smaller plan only on the context as it was: not after a restore that failed)
                 smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)
                                             and ctx.lost is None) else None
@@ -70,9 +72,9 @@ class Swap:
         self.last = rep
         entry = None                                                            # (3)
         if rep.msg is not None:
-            entry = Entry(rep.msg, rep.view, self.ledger.record(rep.msg), summary=True)
+            entry = Entry(rep.msg, rep.view, self.transcript.record(rep.msg), summary=True)
         ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
-        self.ledger.forget(replaced, entry)
+        self.transcript.forget(replaced, entry, None if entry is None else self.describe(entry.msg))
         ctx.n = len(ctx.seq)
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
         info["tokens_before"], info["tokens_after"] = before, ctx.n

@@ -10,30 +10,30 @@ from typing import Callable, Optional
 from ..chat.messages import view_of
 
 
-def append_message(ctx, ledger, make_room: Callable[[Callable[[], int]], None], msg: dict,
+def append_message(ctx, transcript, make_room: Callable[[Callable[[], int]], None], msg: dict,
                    view: Optional[dict] = None, *, check_room: bool = True, from_partial: bool = False):
-    """Add ``msg`` (shown to the model as ``view``) to the live context ``ctx`` and the ``ledger``; returns
+    """Add ``msg`` (shown to the model as ``view``) to the live context ``ctx`` and the ``transcript``; returns
     its context entry.  ``check_room``: compact first (``make_room``) until it fits the window."""
     view = view if view is not None else view_of(msg)
     if check_room and not from_partial:
         make_room(lambda: ctx.measure(ctx.render(ctx.views() + [view])))
-    tidx = len(ledger.transcript)
+    tidx = len(transcript.messages)
     own_view = None if view == view_of(msg) else view  # the log keeps a view it cannot recompute
     if from_partial:  # the reply's tokens are in the sequence already: it is live, whatever fails next
         try:
             entry = ctx.add(msg, view, tidx, from_partial=True)
         finally:
-            ledger.record_live(msg, own_view)  # a write error: the call fails, the reply stays live (logged next)
+            transcript.record_live(msg, own_view)  # a write error: the call fails, the reply stays live (logged next)
         return entry
-    ledger.log(msg, own_view)  # durable first: if the log cannot be written, nothing has changed
+    transcript.log(msg, own_view)  # durable first: if the log cannot be written, nothing has changed
     try:
         entry = ctx.add(msg, view, tidx)
     except BaseException:
-        ledger.unlog(tidx)
+        transcript.unlog(tidx)
         raise
     if msg.get("role") == "system" and len(ctx.entries) == 1:
         ctx.n_prefix = 1  # a leading system message is the prefix, kept always (as Session.load counts it)
-    ledger.record(msg)
+    transcript.record(msg)
     return entry
 
 

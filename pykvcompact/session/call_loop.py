@@ -23,7 +23,7 @@ from .turn import Turn, TurnParts
 class CallParts:
     """The session's parts a call works on."""
     ctx: object            # the live context (session/context.py)
-    ledger: object         # every message, and the write-ahead log (session/ledger.py)
+    transcript: object         # every message, and the write-ahead log (session/transcript.py)
     compactor: object      # room, the schedule, preparations (compaction/compactor.py)
     prober: object         # the rubric probe (compaction/prober.py)
     room: object           # makes room before a step (compaction/room.py)
@@ -132,7 +132,7 @@ class CallLoop:
             yield from drain()
             if m["role"] == "tool":
                 parts.prober.tool_results(1)
-                parts.notes.tool_result(len(parts.ledger.transcript) - 1, m)
+                parts.notes.tool_result(len(parts.transcript.messages) - 1, m)
             if m["role"] == "assistant" and m.get("tool_calls"):
                 answered = {x.get("tool_call_id") for x in msgs[i + 1:] if x["role"] == "tool"}
                 for c in m["tool_calls"]:
@@ -156,7 +156,7 @@ class CallLoop:
 
     def _turn_parts(self) -> TurnParts:
         parts = self.parts
-        return TurnParts(ctx=parts.ctx, compactor=parts.compactor, prober=parts.prober, ledger=parts.ledger,
+        return TurnParts(ctx=parts.ctx, compactor=parts.compactor, prober=parts.prober, transcript=parts.transcript,
                          room=parts.room, window=parts.window, chunk_tokens=parts.chunk_tokens,
                          drain=parts.outbox.drain, probe_if_due=self._probe_if_due, append=parts.append)
 
@@ -168,12 +168,12 @@ class CallLoop:
         sampling, stop = check_sampling(sampling)
         new_tools = parts.tools.begin_call(tools)
         parts.outbox.forget_pending()
-        first = parts.compactor.call_tidx = len(parts.ledger.transcript)  # its messages stay raw until answered
+        first = parts.compactor.call_tidx = len(parts.transcript.messages)  # its messages stay raw until answered
         ctx = parts.ctx
         ctx.prefilled = 0
         completion_tokens = 0
         if new_tools != parts.tools.in_effect:  # the tool header changed: re-render
-            parts.ledger.journal.tools(new_tools)
+            parts.transcript.journal.tools(new_tools)
             parts.tools.in_effect = ctx.tools = new_tools
             parts.room.make(lambda: ctx.measure(ctx.render()))
             ctx.sync(ctx.render())

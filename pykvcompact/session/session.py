@@ -1,7 +1,7 @@
 """Session: a chat over one live KV sequence whose history is compacted by a
 :class:`~pykvcompact.compaction.policy.Policy`.
 
-A facade over small objects in ``session/`` (the live ``Context``, the ``Ledger`` of every message, the
+A facade over small objects in ``session/`` (the live ``Context``, the ``Transcript`` of every message, the
 write-ahead ``Journal``, the ``Turn`` that writes one reply) and ``compaction/`` (``Compactor``, ``Swap``,
 ``Prober``, ``Recall``, the summary makers); how they fit and what they guarantee (nothing is lost: the
 replaced messages are on disk before any swap) is in docs/architecture.md.
@@ -28,7 +28,7 @@ from ..compaction.tools.search import SearchTool
 from ..compaction.compactor import Compactor
 from .context import Context
 from .journal import Journal, log_path
-from .ledger import Ledger
+from .transcript import Transcript
 from ..chat.messages import ContextWindowError, check_json, check_tools, normalize_messages
 from ..compaction.prober import LABELS, Prober
 from ..compaction.room import Room
@@ -76,8 +76,8 @@ class Session:
         self.labels = check_labels(labels)
         self._outbox = Outbox()
         self._closed = False
-        self._ledger = Ledger(self.history)
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
+        self._transcript = Transcript(self.history, _resume or Journal(self.log_path))
         self._tools = SessionTools(self.tools, policy.offers_tool, policy.offers_search)
         self.window, cells = self._size()
         self.limits = policy.limits(self.window)
@@ -86,29 +86,27 @@ class Session:
         reserve(engine, self._cells_key, cells)
         self._release = weakref.finalize(self, release, engine, self._cells_key)
         self._ctx = Context(engine, self.template, self._tools.in_effect)
-        self._maker = SummaryMaker(self._ctx, self._ledger, policy, self.limits, self.summarizer, self._emit)
-        self._compactor = Compactor(self._ctx, self._ledger, self._maker, policy, self.limits, self._emit,
+        self._maker = SummaryMaker(self._ctx, self._transcript, policy, self.limits, self.summarizer, self._emit,
+                                   searchable=self._tools.answers_search())
+        self._compactor = Compactor(self._ctx, self._transcript, self._maker, policy, self.limits, self._emit,
                                     fork_cells=cells - self.window)
         self._prober = Prober(self._ctx, policy, self.limits, self.rubric, self.labels, self._emit)
         self._room = Room(self._ctx, self._compactor, self.window)
         self._tool = CompactTool(self._ctx, policy, self.limits, self._compactor, self._emit, self.history_path)
-        self._search = SearchTool(self._ctx, self._ledger, self.limits, self._emit)
+        self._search = SearchTool(self._ctx, self._transcript, self.limits, self._emit)
         self.recall_tokens = default_recall_budget(self.window) if recall_tokens is None else recall_tokens
-        self._recall = Recall(self._ctx, self._ledger, self.recall_tokens, self._emit, self._append, self.window,
+        self._recall = Recall(self._ctx, self._transcript, self.recall_tokens, self._emit, self._append, self.window,
                               self._tools.answers_search)
-        self._ledger.describe = self._maker.describe
-        self._maker.searchable = self._tools.answers_search()
         self._calls = CallLoop(
-            CallParts(ctx=self._ctx, ledger=self._ledger, compactor=self._compactor, prober=self._prober,
+            CallParts(ctx=self._ctx, transcript=self._transcript, compactor=self._compactor, prober=self._prober,
                       room=self._room, recall=self._recall, notes=self._maker.notes, tools=self._tools,
                       compact_tool=self._tool, search_tool=self._search, outbox=self._outbox, append=self._append,
                       check_open=self._check_open, window=self.window, keep_recent=self.limits.keep_recent,
                       min_span=self.limits.min_span, chunk_tokens=policy.chunk_tokens),
             response_id=self.session_id, model_name=getattr(engine, "model_name", "local"), fill=lambda: self.fill)
         try:
-            self._ledger.journal = _resume or Journal(self.log_path)
             if _resume is None:  # a new session (a same-id log restarts at this record)
-                self._ledger.journal.open(session_id=self.session_id, history_dir=str(history_dir),
+                self._transcript.journal.open(session_id=self.session_id, history_dir=str(history_dir),
                                           policy=policy, tools=self.tools, cur_tools=self._tools.in_effect)
             if system is not None:
                 self._append({"role": "system", "content": system}, check_room=False)
@@ -150,12 +148,12 @@ class Session:
     @property
     def transcript(self) -> List[dict]:
         """Every message ever, in order; summaries carry ``"summary": True``."""
-        return self._ledger.copy()
+        return self._transcript.copy()
 
     @property
     def offloaded(self) -> List[dict]:
         """Messages that left the live context (all of them are in the history file)."""
-        return self._ledger.offloaded
+        return self._transcript.offloaded
 
     @property
     def messages(self) -> List[dict]:
@@ -231,9 +229,9 @@ class Session:
     def pin(self, message_index: int) -> None:
         """Keep transcript message ``message_index`` verbatim in every compaction from now on."""
         self._check_open()
-        was = set(self._ledger.pinned)
-        self._ledger.pin(message_index)
-        p, new = self._compactor.prep, self._ledger.pinned - was
+        was = set(self._transcript.pinned)
+        self._transcript.pin(message_index)
+        p, new = self._compactor.prep, self._transcript.pinned - was
         if p is not None and new and not any(e.tidx in new for e in self._ctx.entries[p.mark:] if not e.summary):
             self._compactor.cancel("pinned")  # planned before the pin: it would summarize the message
 
@@ -243,7 +241,7 @@ class Session:
         already, fsynced as it came: a session that was never saved can be loaded from its log.)"""
         from .persist import save_session
         with self._calls.one_call():
-            save_session(path, self._ctx, self._ledger.journal, self.session_id, self.log_path)
+            save_session(path, self._ctx, self._transcript.journal, self.session_id, self.log_path)
 
     @classmethod
     def load(cls, engine, path, **kwargs) -> "Session":
@@ -260,7 +258,7 @@ class Session:
                 tools=r.tools or None, _resume=got.journal, **kwargs)
         s.log_path = str(got.journal.path)
         try:
-            s._ledger.restore(r)
+            s._transcript.restore(r)
             # completion ids go on from here: each answered call left at least one assistant message
             s._calls.n_calls = sum(1 for m in r.transcript if m.get("role") == "assistant")
             for i, described in r.metas.items():
@@ -341,7 +339,7 @@ class Session:
 
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):
-        return append_message(self._ctx, self._ledger, self._room.make, msg, view, check_room=check_room,
+        return append_message(self._ctx, self._transcript, self._room.make, msg, view, check_room=check_room,
                               from_partial=from_partial)
 
 

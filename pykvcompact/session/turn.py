@@ -30,7 +30,7 @@ class TurnParts:
     ctx: object                                    # the live context (session/context.py)
     compactor: object                              # room, schedule ticks (compaction/compactor.py)
     prober: object                                 # counts generated tokens (compaction/prober.py)
-    ledger: object                                 # records a reply the sequence lost (session/ledger.py)
+    transcript: object                                 # records a reply the sequence lost (session/transcript.py)
     room: object                                   # makes room before each chunk (compaction/room.py)
     window: int
     chunk_tokens: int                              # tokens generated between two schedule ticks
@@ -144,7 +144,7 @@ class Turn:
         except Exception:  # noqa: BLE001 - the tokenizer is gone with the engine
             text = s.ctx.reply_text()
         s.ctx.partial = None
-        s.ledger.record({"role": "assistant", "content": text, "partial": True}, live=False)
+        s.transcript.record({"role": "assistant", "content": text, "partial": True}, live=False)
 
     def close(self) -> dict:
         """The generated reply becomes a live message (the template's end-of-turn tokens appended)."""

@@ -2,7 +2,7 @@
 kept verbatim, the user messages over budget, and what the earlier summaries in the span carry forward
 (their text, standing instructions and key results), then the span's own key results.
 
-Apart from ``summaries.py`` because it only reads (the live context, the ledger, what each earlier
+Apart from ``summaries.py`` because it only reads (the live context, the transcript, what each earlier
 summary holds), while the summary maker keeps the state that changes as summaries are made.  The maker
 plans twice per summary: when it starts the job, and when it composes the message that replaces the span.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from ...session.context import Context
-from ...session.ledger import Ledger
+from ...session.transcript import Transcript
 from . import results as res
 from .keeper import Candidate, SummaryMeta, merge_standing, message_text, plan_kept, split_standing
 from .novelty import informative
@@ -38,20 +38,20 @@ def first_user(transcript: List[dict]) -> Optional[int]:
                  if m.get("role") == "user" and not m.get("summary")), None)
 
 
-def plan_summary(ctx: Context, ledger: Ledger, meta: Dict[int, SummaryMeta], mark: int, *,
+def plan_summary(ctx: Context, transcript: Transcript, meta: Dict[int, SummaryMeta], mark: int, *,
                  shares: SummaryShares, notes: Dict[int, List[str]], tight: bool) -> Plan:
     """What a summary of ``entries[n_prefix:mark]`` carries: the messages kept verbatim, the user
     messages over budget (handed to the summarizer), the earlier summaries' text, their standing
     instructions and their key results (carried forward with priority), then the span's own results.
     ``meta``: what each summary message holds, by ``id`` of the message; ``notes``: the model's notes of
     tool results, by transcript index; ``tight``: keep nothing verbatim."""
-    first = first_user(ledger.transcript)
+    first = first_user(transcript.messages)
     cands, carried, standing, results, span, left_out = [], [], [], [], [], 0
     for e in ctx.entries[ctx.n_prefix:mark]:
         if e.summary:
             summary_meta = meta.get(id(e.msg), SummaryMeta())
             # a message kept here as a plain user message may have been pinned since: it is one now
-            cands.extend(dataclasses.replace(c, pinned=True) if ledger.is_pinned(c.tidx) else c
+            cands.extend(dataclasses.replace(c, pinned=True) if transcript.is_pinned(c.tidx) else c
                          for c in summary_meta.kept)
             old, body = split_standing(summary_meta.body)  # (a body logged before standing was kept apart)
             standing.extend(summary_meta.standing + old)
@@ -59,14 +59,14 @@ def plan_summary(ctx: Context, ledger: Ledger, meta: Dict[int, SummaryMeta], mar
             left_out += summary_meta.left_out
             carried.append(body)
             continue
-        if not ledger.is_pinned(e.tidx):   # a pinned message is kept whole: no need to list its lines
+        if not transcript.is_pinned(e.tidx):   # a pinned message is kept whole: no need to list its lines
             span.append((e.tidx, e.msg))
-        if e.msg.get("role") in ("user", "system") or ledger.is_pinned(e.tidx):
+        if e.msg.get("role") in ("user", "system") or transcript.is_pinned(e.tidx):
             text = message_text(e.msg)
-            pinned = ledger.is_pinned(e.tidx) or e.msg.get("role") == "system"
+            pinned = transcript.is_pinned(e.tidx) or e.msg.get("role") == "system"
             cands.append(Candidate(e.tidx, e.msg["role"], text, len(ctx.tok(text)) + 4,
                                    pinned, e.tidx == first))
-    cands.extend(_musts_elsewhere(ctx, ledger, meta, cands))
+    cands.extend(_musts_elsewhere(ctx, transcript, meta, cands))
     if tight:
         kept, overflow = plan_kept(cands, 0, must_limit=0)
     else:
@@ -78,7 +78,7 @@ def plan_summary(ctx: Context, ledger: Ledger, meta: Dict[int, SummaryMeta], mar
                 list(results))
 
 
-def _musts_elsewhere(ctx: Context, ledger: Ledger, meta: Dict[int, SummaryMeta], cands) -> List[Candidate]:
+def _musts_elsewhere(ctx: Context, transcript: Transcript, meta: Dict[int, SummaryMeta], cands) -> List[Candidate]:
     """The first user message and the pinned messages that neither the live context nor its summaries
     hold (pinned after they left it, or dropped by a swap that had no room for them): they come back
     verbatim in this summary."""
@@ -86,12 +86,12 @@ def _musts_elsewhere(ctx: Context, ledger: Ledger, meta: Dict[int, SummaryMeta],
     for e in ctx.entries:
         if e.summary:
             held.update(c.tidx for c in meta.get(id(e.msg), SummaryMeta()).kept)
-    first = first_user(ledger.transcript)
+    first = first_user(transcript.messages)
     out = []
-    for i in sorted((ledger.pinned | ({first} if first is not None else set())) - held):
-        m = ledger.transcript[i]
+    for i in sorted((transcript.pinned | ({first} if first is not None else set())) - held):
+        m = transcript.messages[i]
         text = message_text(m)
-        out.append(Candidate(i, m["role"], text, len(ctx.tok(text)) + 4, ledger.is_pinned(i),
+        out.append(Candidate(i, m["role"], text, len(ctx.tok(text)) + 4, transcript.is_pinned(i),
                              i == first))
     return out
 

@@ -13,7 +13,7 @@ from .summarizer import (FIRST_HEADING, SUMMARY_HEADER, summarizer_request, with
 from ...session.context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
                      split_standing, trim_lines, trim_standing)
-from ...session.ledger import Ledger
+from ...session.transcript import Transcript
 from .novelty import says_something_new
 from ...chat.messages import view_of
 from . import results as res
@@ -40,22 +40,24 @@ ASK_AGAIN_MAX = 24
 
 
 class SummaryMaker:
-    def __init__(self, ctx: Context, ledger: Ledger, policy, limits, summarizer, emit):
-        self.ctx, self.ledger, self.policy, self.limits = ctx, ledger, policy, limits
+    def __init__(self, ctx: Context, transcript: Transcript, policy, limits, summarizer, emit,
+                 searchable: bool = False):
+        """``searchable``: the session offers ``search_history`` (the summary says so)."""
+        self.ctx, self.transcript, self.policy, self.limits = ctx, transcript, policy, limits
         self.summarizer, self.emit = summarizer, emit
         self.meta: Dict[int, SummaryMeta] = {}     # id(summary message) -> what it holds
         self.summarized_users: List[int] = []      # transcript indices handed to a summarizer (over budget)
         self.tight = False   # keep nothing verbatim (the kept messages made a needed summary gain nothing)
         self.budget = summary_budget(policy, limits.window)   # the reservation's numbers (one source)
         self.shares = SummaryShares(ctx, limits, self.budget)
-        self.searchable = False   # the session offers search_history (the summary says so)
+        self.searchable = searchable
         self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
         # what the model noted of each tool result (journaled: kept across save/load)
         # (Policy(notes=None) takes none on a model measured to note nothing useful: registry.notes_help)
         takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
-        self.notes = NoteTaker(ctx, emit, takes, lambda tidx, lines: ledger.journal.note(tidx, lines), self._task)
+        self.notes = NoteTaker(ctx, emit, takes, lambda tidx, lines: transcript.journal.note(tidx, lines), self._task)
 
     def describe(self, msg: dict) -> Optional[dict]:
         """What summary ``msg`` holds, for the log (JSON)."""
@@ -80,13 +82,13 @@ class SummaryMaker:
     # ------------------------------------------------------------------ what is kept
     def _task(self) -> str:
         """The first user message's text (the task a note is asked about), "" before there is one."""
-        i = first_user(self.ledger.transcript)
-        content = self.ledger.transcript[i].get("content") if i is not None else ""
+        i = first_user(self.transcript.messages)
+        content = self.transcript.messages[i].get("content") if i is not None else ""
         return content if isinstance(content, str) else ""
 
     def plan(self, mark: int) -> Plan:
         """What a summary of ``entries[n_prefix:mark]`` carries (:func:`~.plan.plan_summary`)."""
-        return plan_summary(self.ctx, self.ledger, self.meta, mark, shares=self.shares, notes=self.notes.notes,
+        return plan_summary(self.ctx, self.transcript, self.meta, mark, shares=self.shares, notes=self.notes.notes,
                             tight=self.tight)
 
     # ------------------------------------------------------------------ the job
@@ -118,7 +120,7 @@ class SummaryMaker:
 
         def prompt(shorter: bool) -> List[int]:
             req = {"role": "user", "content": summarizer_request(
-                self.ledger.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
+                self.transcript.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
                 has_earlier=bool(carried or standing))}
             B = ctx.render(base)
             N = ctx.render(base + [req], True) + FIRST_HEADING
@@ -229,7 +231,7 @@ class SummaryMaker:
         standing = merge_standing(old_standing, new_standing)
         if summary.fallback:   # against what the message finally carries (a smaller context drops some)
             rest = without_repeated_requests(rest, [c.content for c in kept if c.role == "user"] + standing)
-        header = SUMMARY_HEADER.format(path=self.ledger.path)
+        header = SUMMARY_HEADER.format(path=self.transcript.path)
         header = header[:-1] + SEARCH_POINTER + "]" if self.searchable else header
         limit = self.budget.total if level == 0 else None
         while True:

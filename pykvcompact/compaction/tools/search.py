@@ -9,8 +9,8 @@ from . import history_search
 
 
 class SearchTool:
-    def __init__(self, ctx, ledger, limits, emit: Callable[[ev.Event], None]):
-        self.ctx, self.ledger, self.lim, self.emit = ctx, ledger, limits, emit
+    def __init__(self, ctx, transcript, limits, emit: Callable[[ev.Event], None]):
+        self.ctx, self.transcript, self.lim, self.emit = ctx, transcript, limits, emit
         # a result may take an eighth of the window: enough for a dozen lines, never the room to work
         self.budget = max(64, limits.window // 8)
 
@@ -31,8 +31,8 @@ class SearchTool:
 
     def _offloaded(self):
         """``(transcript index, message)`` of every offloaded message, oldest first."""
-        where = {id(m): i for i, m in enumerate(self.ledger.transcript)}
-        return [(where.get(id(m), -1), m) for m in self.ledger.offloaded]
+        where = {id(m): i for i, m in enumerate(self.transcript.messages)}
+        return [(where.get(id(m), -1), m) for m in self.transcript.offloaded]
 
 
 __all__ = ["SearchTool"]

@@ -1,4 +1,5 @@
-"""The ledger: every message ever (the transcript), the ones that left the live context, the history file.
+"""The transcript: every message ever (``messages``), the ones that left the live context (``offloaded``),
+the pins; it writes the history file and the write-ahead log (the journal) as messages come and go.
 
 ``offload()`` is idempotent: a message is written to the history file once, however many times a swap
 that replaces it is retried (a set of written transcript indices).  ``forget()`` moves messages to
@@ -11,23 +12,23 @@ and written before its next record.
 from __future__ import annotations
 
 import copy
-from typing import Callable, List, Optional, Sequence, Set
+from typing import List, Optional, Sequence, Set
 
 from .history_file import HistoryFile
 from .journal import LogTakenError
 
 
-class Ledger:
-    def __init__(self, history: HistoryFile):
+class Transcript:
+    def __init__(self, history: HistoryFile, journal=None):
+        """``journal``: the write-ahead log (session/journal.py) each change is written to first (None: none)."""
         self.history = history
-        self.transcript: List[dict] = []
+        self.messages: List[dict] = []
         self.offloaded: List[dict] = []
         self._written: Set[int] = set()      # transcript indices already in the history file
         self._marked: Set[int] = set()       # summaries already marked as replaced
         self.pinned: Set[int] = set()        # transcript indices kept verbatim in every compaction
-        self.journal = None                  # the write-ahead log (session/journal.py), when there is one
+        self.journal = journal
         self._logged: Optional[int] = None   # index of the message :meth:`log` wrote, not yet recorded
-        self.describe: Callable[[dict], Optional[dict]] = lambda msg: None  # a summary's kept messages
 
     @property
     def path(self) -> str:
@@ -36,7 +37,7 @@ class Ledger:
     def restore(self, replayed) -> None:
         """The state a replayed log describes (``replay.replay``): the transcript, what was offloaded and
         written to the history file, the summaries marked as replaced, the pins."""
-        self.transcript = list(replayed.transcript)
+        self.messages = list(replayed.transcript)
         self.offloaded = [replayed.transcript[i] for i in sorted(replayed.offloaded)]
         self._written = set(replayed.offloaded)
         self._marked = set(replayed.removed_summaries)
@@ -48,8 +49,8 @@ class Ledger:
         the live context (a summary goes live with its swap); ``view``: what the template sees of it, when
         that is not ``view_of(msg)``.  Raises ``OSError`` when the log cannot be written."""
         if self.journal is not None:
-            self.journal.message(len(self.transcript), msg, view, live and not msg.get("summary"))
-        self._logged = len(self.transcript)
+            self.journal.message(len(self.messages), msg, view, live and not msg.get("summary"))
+        self._logged = len(self.messages)
 
     def unlog(self, index: int) -> None:
         """The message logged as ``index`` did not make it (the context refused it)."""
@@ -65,21 +66,21 @@ class Ledger:
         raises ``OSError`` after the message is recorded: its record is written before the next one."""
         try:
             if self.journal is not None:
-                self.journal.message(len(self.transcript), msg, view, True, defer=True)
+                self.journal.message(len(self.messages), msg, view, True, defer=True)
         finally:
-            self._logged = len(self.transcript)
+            self._logged = len(self.messages)
             self.record(msg)
-        return len(self.transcript) - 1
+        return len(self.messages) - 1
 
     def record(self, msg: dict, view: Optional[dict] = None, live: bool = True, log: bool = True) -> int:
         """Add ``msg`` to the transcript (logged first unless :meth:`log` just did, or ``log`` is False:
         it is live already and must be in the transcript even if the log cannot be written); returns its
         index."""
-        i = len(self.transcript)
+        i = len(self.messages)
         if log and self._logged != i:
             self.log(msg, view, live)
         self._logged = None
-        self.transcript.append(msg)
+        self.messages.append(msg)
         if msg.get("pinned"):
             self.pinned.add(i)
         return i
@@ -87,11 +88,11 @@ class Ledger:
     def pin(self, index: int) -> dict:
         if not isinstance(index, int) or isinstance(index, bool):
             raise TypeError(f"message_index must be an int, got {type(index).__name__}")
-        n = len(self.transcript)
+        n = len(self.messages)
         if not -n <= index < n:
             raise IndexError(f"message_index {index} is out of range: the transcript has {n} messages")
         index %= n
-        m = self.transcript[index]
+        m = self.messages[index]
         if m.get("summary"):
             raise ValueError("a summary cannot be pinned; pin the message it replaced instead")
         if self.journal is not None and index not in self.pinned:
@@ -114,20 +115,20 @@ class Ledger:
         self._marked.update(summ)
         return len(new)
 
-    def forget(self, entries: Sequence, summary=None) -> None:
+    def forget(self, entries: Sequence, summary=None, described: Optional[dict] = None) -> None:
         """The swap that replaced ``entries`` (by the ``summary`` entry, or by nothing) succeeded: they are
-        now offloaded (and only now)."""
+        now offloaded (and only now).  ``described``: what the summary holds, for the log."""
         try:
             if self.journal is not None:
                 self.journal.swap([e.tidx for e in entries], None if summary is None else summary.tidx,
-                                  None if summary is None else self.describe(summary.msg))
+                                  described)
         except (OSError, LogTakenError):
             pass  # the swap is done: the journal keeps its record for the next write (or refuses that too)
         finally:
             self.offloaded.extend(e.msg for e in entries if not e.summary)
 
     def copy(self) -> List[dict]:
-        return [copy.deepcopy(m) for m in self.transcript]
+        return [copy.deepcopy(m) for m in self.messages]
 
 
-__all__ = ["Ledger"]
+__all__ = ["Transcript"]
