@@ -62,11 +62,11 @@ def run_demo(model: str | None = "smollm2-135m", n_ctx: int = 4096, out=sys.stdo
     first_end = tokens.index(eng.tokenize("<|im_end|>")[0], first_end + 1) + 2  # end of first answer
     summary = eng.tokenize("<|im_start|>system\nSummary of earlier turns: the user asked for three planets; "
                            "the assistant named some.<|im_end|>\n")
-    rb = seq.prepare_rebase(keep_prefix=sys_len, replacement=summary, keep_from=first_end)
+    rebase = seq.prepare_rebase(keep_prefix=sys_len, replacement=summary, keep_from=first_end)
     seq.append(eng.tokenize(_chat("And which one has rings?")))
     gen = seq.generate(24)  # main keeps decoding while the shadow catches up
-    rb.wait()
-    info = seq.commit_rebase(rb)
+    rebase.wait()
+    info = seq.commit_rebase(rebase)
     say(f"   {info['tokens_before']} -> {info['tokens_after']} tokens, stall {info['stall_ms']:.3f} ms, "
         f"caught up at commit: {info['catch_up_tokens']} tokens")
     say(f"   answer generated meanwhile: {eng.detokenize(gen).strip()!r}")

@@ -9,7 +9,7 @@ from typing import Optional
 
 from .. import events as ev
 from .policy import needs_restart, summary_message_budget
-from . import scheduler as sch
+from . import scheduler
 from ..engine.port import engine_errors, free_cells
 from .preparation import Preparation
 from .summary.summaries import MIN_MODEL_TOKENS
@@ -27,12 +27,12 @@ IDLE_POLL_S = 0.02  # Session.idle: how often the preparation is advanced while 
 
 
 class Background:
-    def __init__(self, ctx, maker, policy, limits, emit, cuts, meter: sch.RateMeter, margin: int,
+    def __init__(self, ctx, maker, policy, limits, emit, cuts, meter: scheduler.RateMeter, margin: int,
                  fork_cells: Optional[int]):
         """``cuts``: where the live context may be cut (cuts.py); ``meter``: the paces measured in this
         session; ``margin``: tokens below the window the edge comes at; ``fork_cells``: cells this session
         reserved beyond its window for forks (None: no limit but the pool)."""
-        self.ctx, self.maker, self.policy, self.lim, self.emit = ctx, maker, policy, limits, emit
+        self.ctx, self.maker, self.policy, self.limits, self.emit = ctx, maker, policy, limits, emit
         self.cuts, self.meter, self.margin, self.fork_cells = cuts, meter, margin, fork_cells
         self.prep: Optional[Preparation] = None
         self.paced = False               # a model summary missed the window edge: size the next ones to the pace
@@ -73,7 +73,7 @@ class Background:
         if reason == "compress":
             return 0
         if reason in SCHEDULED:
-            return max(0, self.lim.keep_recent - max(0, self.lim.hard - len(self.ctx)))
+            return max(0, self.limits.keep_recent - max(0, self.limits.hard - len(self.ctx)))
         return None
 
     def covers_unanswered(self, p: Preparation) -> bool:
@@ -86,7 +86,7 @@ class Background:
         """``/compact`` and the tool leave ``keep_recent`` raw: a pending preparation cut later than that
         (for ``hard``, where more arrives first, or for a COMPRESS verdict) is cut again."""
         p = self.prep
-        if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.mark_tok >= self.lim.keep_recent:
+        if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.mark_tok >= self.limits.keep_recent:
             return
         m = self.cuts.choose(True)
         if m is not None and m < p.mark:
@@ -102,9 +102,9 @@ class Background:
         r = self.meter.rates()
         if not self.paced or not r.growth_tok_s or r.summary_prompt_s is None:
             return None
-        seconds = (self.lim.window - self.margin - len(self.ctx)) / r.growth_tok_s - r.summary_prompt_s
+        seconds = (self.limits.window - self.margin - len(self.ctx)) / r.growth_tok_s - r.summary_prompt_s
         if r.prefill_tok_s:
-            rows = summary_message_budget(self.policy, self.lim.window) + max(self.lim.keep_recent, r.turn_tokens)
+            rows = summary_message_budget(self.policy, self.limits.window) + max(self.limits.keep_recent, r.turn_tokens)
             seconds -= rows / r.prefill_tok_s
         if seconds <= 0:
             return 0      # its prompt alone (and the rebased prefill) take longer than the time left
@@ -125,8 +125,8 @@ class Background:
             return 0
         a = self.affordable() if self.skips < self._retry_after() else None
         if a is None:
-            return self.lim.summary
-        return min(self.lim.summary, a) if a >= MIN_MODEL_TOKENS else 0
+            return self.limits.summary
+        return min(self.limits.summary, a) if a >= MIN_MODEL_TOKENS else 0
 
     def cancel(self, reason: Optional[str]) -> None:
         p, self.prep = self.prep, None
@@ -146,10 +146,10 @@ class Background:
             self._restart_if_needed()
         if self.prep is None:
             rates = self.meter.rates()
-            why = sch.start_reason(self.policy, self.lim, self.state(len(self.ctx)), rates)
+            why = scheduler.start_reason(self.policy, self.limits, self.state(len(self.ctx)), rates)
             # turns as large as keep_recent: the next turn will be the raw tail, so at a turn's end the
             # whole history may be summarized now, while the conversation waits for its next message
-            if why and not self.start(why) and turn_end and rates.turn_tokens >= self.lim.keep_recent:
+            if why and not self.start(why) and turn_end and rates.turn_tokens >= self.limits.keep_recent:
                 self.start(why, keep_recent=0)
         if self.prep is not None and self.prep.fallback is None:
             self._advance()  # a preparation started or restarted now: its fallback context starts at once
@@ -162,18 +162,18 @@ class Background:
             return p
         return None
 
-    def state(self, after: int, waited_ms: float = 0.0) -> sch.State:
+    def state(self, after: int, waited_ms: float = 0.0) -> scheduler.State:
         """What the schedule needs to know (scheduler.py) when the live context would grow to ``after``."""
         p, n = self.prep, len(self.ctx)
-        shadow = summary_message_budget(self.policy, self.lim.window) + max(0, after - (p.mark_tok if p else n))
+        shadow = summary_message_budget(self.policy, self.limits.window) + max(0, after - (p.mark_tok if p else n))
         # the pool is asked only above hard (an engine query waits for the engine's next step)
-        headroom = after < self.lim.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
+        headroom = after < self.limits.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
         state = p.state if p else "none"
         if state == "caught_up" and self.covers_unanswered(p):
             state = "ready"   # swapped in once the reply is written (the headroom above hard), or at the edge
-        return sch.State(tokens=n, tokens_after=after, prep=state,
+        return scheduler.State(tokens=n, tokens_after=after, prep=state,
                          summary_left=p.summary_left() if p else self._next_writes(),
-                         prefill_left=self.lim.summary + (n - p.mark_tok if p else self.lim.keep_recent),
+                         prefill_left=self.limits.summary + (n - p.mark_tok if p else self.limits.keep_recent),
                          waited_ms=waited_ms, headroom_ok=headroom)
 
     def room_for(self, n: int) -> bool:
@@ -190,9 +190,9 @@ class Background:
         would cross ``hard``, or the window edge) — the same rows the edge would otherwise spend as a
         stall, taken earlier while the conversation runs (its decoding slows meanwhile)."""
         n, turn = len(self.ctx), self.meter.rates().turn_tokens
-        if n + turn >= self.lim.window - self.margin:
+        if n + turn >= self.limits.window - self.margin:
             return 2 * DEADLINE_ROWS
-        if n + turn >= self.lim.hard:
+        if n + turn >= self.limits.hard:
             return DEADLINE_ROWS
         return 0
 
@@ -205,10 +205,10 @@ class Background:
         if p.state == "summarizing" and p.fallback is None:  # the edge may come first: prefill the fallback
             p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self.room_for,
                                mode=self.policy.rebase)
-        if p.rb is not None and p.rb.done() and p.rb_t0:
-            self.meter.prefill(p.rb_rows, time.perf_counter() - p.rb_t0)
-            p.rb_t0 = 0.0
-        if p.fallback_rb is not None and p.fallback_rb.done() and p.fallback_t0:
+        if p.rebase is not None and p.rebase.done() and p.rebase_t0:
+            self.meter.prefill(p.rebase_rows, time.perf_counter() - p.rebase_t0)
+            p.rebase_t0 = 0.0
+        if p.fallback_rebase is not None and p.fallback_rebase.done() and p.fallback_t0:
             self.meter.prefill(p.fallback_rows, time.perf_counter() - p.fallback_t0)
             p.fallback_t0 = 0.0
 
@@ -219,13 +219,13 @@ class Background:
         elif p.fallback is not None:  # what the edge commits if the model's summary is late: restarting
             summary = len(p.fallback.tokens)  # would throw away its prefilled context for nothing
         else:
-            summary = summary_message_budget(self.policy, self.lim.window)
-        tail, edge = len(self.ctx) - p.mark_tok, self.lim.window - self.margin
-        why = needs_restart(self.policy, self.lim.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
+            summary = summary_message_budget(self.policy, self.limits.window)
+        tail, edge = len(self.ctx) - p.mark_tok, self.limits.window - self.margin
+        why = needs_restart(self.policy, self.limits.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
                             tail_tokens=tail, overhead=0)
         # the largest turn of a longer memory (one swap must make room for it), up to a third of the
         # window: room for a larger one would mean summarizing everything, restarting after every message
-        turn = min(self.meter.rates().peak_turn_tokens, self.lim.window // 3)
+        turn = min(self.meter.rates().peak_turn_tokens, self.limits.window // 3)
         if not why and turn and p.prefix_tok + summary + tail + turn > edge:
             why = "tail_outgrew_window"  # committing it would not leave room for the next turn
         # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
@@ -237,13 +237,13 @@ class Background:
             if p.prefix_tok + summary + new_tail + turn > edge:
                 return  # a later cut would not leave room either
 
-        elif needs_restart(self.policy, self.lim.window, summary_tokens=summary_message_budget(self.policy, self.lim.window),
+        elif needs_restart(self.policy, self.limits.window, summary_tokens=summary_message_budget(self.policy, self.limits.window),
                            prefix_tokens=p.prefix_tok, tail_tokens=new_tail, overhead=0):
             return
-        trig = p.commit_trigger
+        trigger = p.commit_trigger
         self.cancel(why)
-        if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trig:
-            self.prep.commit_trigger = trig
+        if self.start("restart", keep_recent=0 if why == "tail_outgrew_window" else None) and trigger:
+            self.prep.commit_trigger = trigger
 
     def defer(self, trigger: str) -> bool:
         """Mark a preparation (started now if needed) for a commit once it is caught up, instead of
@@ -297,7 +297,7 @@ class Background:
             left = deadline - time.perf_counter()
             if p.state == "caught_up" or left <= 0:
                 break
-            waitable = p.rb if p.rb is not None else p.job.attempt
+            waitable = p.rebase if p.rebase is not None else p.job.attempt
             if waitable is not None:
                 waitable.wait(min(left, 0.02))
             else:
@@ -310,7 +310,7 @@ class Background:
         """Can the model's summary still be written within ``max_stall_ms``?  By the measured background
         summary rate, else by this job's own progress (its prompt's prefill counted in: a low estimate).
         When it cannot and the fallback's context is prefilled, waiting would only add to the stall."""
-        if p.state != "summarizing" or p.fallback_rb is None:
+        if p.state != "summarizing" or p.fallback_rebase is None:
             return True
         need = p.job.seconds_left(self.meter.rates().summary_tok_s)
         return need is None or need <= self.policy.max_stall_ms / 1000.0  # unknown: wait and see

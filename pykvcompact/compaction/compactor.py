@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 from .. import events as ev
 from .policy import sync_due
-from . import scheduler as sch
+from . import scheduler
 from .background import IDLE_POLL_S, Background
 from .cuts import Cuts
 from ..engine.port import free_cells
@@ -22,10 +22,10 @@ class Compactor:
     def __init__(self, ctx, transcript, maker, policy, limits, emit: Callable[[ev.Event], None],
                  fork_cells: Optional[int] = None):
         """``fork_cells``: cells the session reserved beyond its window for forks (None: the pool's)."""
-        self.ctx, self.transcript, self.maker, self.policy, self.lim, self.emit = ctx, transcript, maker, policy, limits, emit
+        self.ctx, self.transcript, self.maker, self.policy, self.limits, self.emit = ctx, transcript, maker, policy, limits, emit
         self.fork_cells = fork_cells
         self.swap = Swap(ctx, transcript, policy.rebase, describe=maker.describe)
-        self.meter = sch.RateMeter()
+        self.meter = scheduler.RateMeter()
         self.cuts = Cuts(ctx, limits)
         self.margin = policy.chunk_tokens + 8   # the edge comes a chunk (and a little) before the window
         self.background = Background(ctx, maker, policy, limits, emit, self.cuts, self.meter, self.margin,
@@ -62,39 +62,39 @@ class Compactor:
 
     # ------------------------------------------------------------------ room before a step
     def room_ok(self, after: int) -> bool:
-        if after > self.lim.window:
+        if after > self.limits.window:
             return False
         mode = self.policy.mode
-        if mode == "none" or not sync_due(self.policy, self.lim, after):
+        if mode == "none" or not sync_due(self.policy, self.limits, after):
             return True
         if mode == "background":
-            return sch.edge_action(self.policy, self.lim, self.background.state(after), self.margin).kind == "none"
+            return scheduler.edge_action(self.policy, self.limits, self.background.state(after), self.margin).kind == "none"
         return self.cuts.choose() is None or self.cuts.gains_nothing()
 
     def make_room(self, after_fn: Callable[[], int], drop: bool = True) -> bool:
         """Compact (or, when nothing can be summarized and ``drop``, drop) so that ``after_fn()`` tokens fit."""
         after = after_fn()
         bg = self.policy.mode == "background"
-        if bg and self.prep is None and after <= self.lim.window - self.margin and sync_due(self.policy, self.lim, after):
+        if bg and self.prep is None and after <= self.limits.window - self.margin and sync_due(self.policy, self.limits, after):
             self.background.start("hard", loose=True)  # late: prepare now and use the headroom above hard meanwhile
         if self.policy.mode != "none" and not self.room_ok(after):
-            trig = "fixed" if self.policy.mode == "fixed" else "hard"
+            trigger = "fixed" if self.policy.mode == "fixed" else "hard"
             if self.prep is not None or self.cuts.choose() is not None:
-                self.compact(trig, edge=bg)
+                self.compact(trigger, edge=bg)
                 after = after_fn()
         if not drop:
-            return after <= self.lim.window
-        if after > self.lim.window and self.policy.mode != "none" and self.cuts.choose(True, 0, floor=False) is not None:
+            return after <= self.limits.window
+        if after > self.limits.window and self.policy.mode != "none" and self.cuts.choose(True, 0, floor=False) is not None:
             # keep_recent cannot stay raw this time: summarize up to the newest cut rather than drop turns
             if self.compact("window_full", edge=True) is None and self.last_skip == "no_gain" and not self.maker.tight:
                 self.maker.tight = True  # the messages a summary keeps verbatim left no gain: summarize them too
                 self.compact("window_full", edge=True)
             after = after_fn()
-        if after > self.lim.window:
+        if after > self.limits.window:
             why = "truncation" if self.policy.mode == "none" else ("no_gain" if self.last_skip == "no_gain" else "no_cut_point")
-            self.drop(after - self.lim.window, why)
+            self.drop(after - self.limits.window, why)
             after = after_fn()
-        return after <= self.lim.window
+        return after <= self.limits.window
 
     # ------------------------------------------------------------------ compaction
     def compact(self, trigger: str, instructions: Optional[str] = None, edge: bool = False) -> Optional[ev.Rebased]:
@@ -104,12 +104,12 @@ class Compactor:
 
     def _skip(self, reason: str, trigger: str) -> None:
         self.last_skip = reason
-        self.emit(ev.CompactionSkipped(reason, trigger, len(self.ctx) / self.lim.window))
+        self.emit(ev.CompactionSkipped(reason, trigger, len(self.ctx) / self.limits.window))
 
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
-        wf = trigger == "window_full"
-        mark = self.cuts.choose(trigger in LOOSE, 0 if wf else None, floor=not wf)
+        window_full = trigger == "window_full"
+        mark = self.cuts.choose(trigger in LOOSE, 0 if window_full else None, floor=not window_full)
         if mark is None:
             self._skip("no_cut_point", trigger)
             return None
@@ -117,8 +117,8 @@ class Compactor:
         job = self.maker.start(mark, instructions, background=False, trigger=trigger)
         summary = job.wait()
         self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
-        rep = self.maker.replacement(mark, summary)
-        return self._swap(rep, trigger, t0, prepared=False, summary=summary)
+        replacement = self.maker.replacement(mark, summary)
+        return self._swap(replacement, trigger, t0, prepared=False, summary=summary)
 
     def _commit(self, trigger: str, instructions: Optional[str], edge: bool) -> Optional[ev.Rebased]:
         """Swap onto the preparation (started now if there is none).  At the window edge (``edge``) the
@@ -140,9 +140,9 @@ class Compactor:
         if p is not None and trigger == "window_full":  # prepared for a later cut than this moment needs
             background.cancel("window_full")
             p = None
-        wf = trigger == "window_full"
+        window_full = trigger == "window_full"
         if p is None and not background.start(trigger, instructions, loose=trigger in LOOSE or edge,
-                                              keep_recent=0 if wf else None, floor=not wf):
+                                              keep_recent=0 if window_full else None, floor=not window_full):
             self._skip("no_cut_point", trigger)
             return None
         p = background.prep
@@ -158,28 +158,28 @@ class Compactor:
             background.missed = 0
         if summary.reason == "max_stall" or (p.ready_at and p.ready_at >= t0):
             self.emit(self.maker.ready_event(summary, p.elapsed_ms))
-        rep, rb = p.replacement, p.rb
+        replacement, rebase = p.replacement, p.rebase
         p.drop_fallback()
         background.prep = None
         try:
-            return self._swap(rep, trigger, t0, prepared=prepared, summary=summary, rb=rb, wait_ms=wait_ms)
+            return self._swap(replacement, trigger, t0, prepared=prepared, summary=summary, rebase=rebase, wait_ms=wait_ms)
         finally:
-            if rb is not None and not getattr(rb, "committed", False):  # the swap failed or gained nothing
-                p.abandoned.append(rb)
+            if rebase is not None and not getattr(rebase, "committed", False):  # the swap failed or gained nothing
+                p.abandoned.append(rebase)
             p.release()
 
-    def _swap(self, rep: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rb=None,
+    def _swap(self, replacement: Replacement, trigger: str, t0: float, *, prepared: bool, summary, rebase=None,
               wait_ms: float = 0.0) -> Optional[ev.Rebased]:
-        if self.swap.gain(rep) <= 0:  # the summary is not smaller than what it replaces: remember it
-            if rb is not None:
+        if self.swap.gain(replacement) <= 0:  # the summary is not smaller than what it replaces: remember it
+            if rebase is not None:
                 try:
-                    rb.cancel()
+                    rebase.cancel()
                 except Exception:  # noqa: BLE001
                     pass
-            self.cuts.no_gain_until = len(self.ctx) + self.lim.min_span
+            self.cuts.no_gain_until = len(self.ctx) + self.limits.min_span
             self._skip("no_gain", trigger)
             return None
-        info = self.swap.run(rep, reason=f"compaction ({trigger})", rb=rb)
+        info = self.swap.run(replacement, reason=f"compaction ({trigger})", rebase=rebase)
         self._notes_fit()
         self._history_changed()
         self.emit(ev.Offloaded(self.transcript.path, info["offloaded"]))
@@ -188,8 +188,8 @@ class Compactor:
         e = ev.Rebased(info.get("mode", self.policy.rebase), info["tokens_before"], info["tokens_after"], stall,
                        int(info.get("catch_up_tokens", 0)), trigger=trigger, prepared=prepared,
                        engine_stall_ms=info.get("stall_ms"), wait_ms=wait_ms, fallback=summary.fallback,
-                       worst_stall_ms=self.worst_stall_ms, summary_tokens=len(rep.tokens),
-                       kept_tokens=self.maker.kept_tokens(rep.msg))
+                       worst_stall_ms=self.worst_stall_ms, summary_tokens=len(replacement.tokens),
+                       kept_tokens=self.maker.kept_tokens(replacement.msg))
         self.emit(e)
         return e
 
@@ -232,7 +232,7 @@ class Compactor:
         """After a swap a note still being written holds its fork of the old sequence, whose cells the live
         one no longer shares: it is cancelled when the pool lacks the room the live context may still grow
         into (the window's rest and the session's forks), else it finishes."""
-        need = self.lim.window - len(self.ctx) + (self.fork_cells or 0)
+        need = self.limits.window - len(self.ctx) + (self.fork_cells or 0)
         if self.maker.notes.writing and free_cells(self.ctx.engine) < need:
             self.maker.notes.close("no_room")
 
@@ -251,16 +251,16 @@ class Compactor:
         self.emit(ev.SummaryStarted(m, ctx.mark_tok(m), background=False, reason="window_full"))
         try:
             summary = self.maker.start(m, None, background=False, affordable=0, trigger="window_full").wait()
-            rep = self.maker.replacement(m, summary)
-            while rep is not None and (m_tok - p_tok) - len(rep.tokens) < need:
-                rep = rep.smaller() if rep.smaller is not None else None
+            replacement = self.maker.replacement(m, summary)
+            while replacement is not None and (m_tok - p_tok) - len(replacement.tokens) < need:
+                replacement = replacement.smaller() if replacement.smaller is not None else None
         except Exception:  # noqa: BLE001 - a summary that cannot be built: the drop still makes room
             return False
-        if rep is None:
+        if replacement is None:
             self._skip("no_gain", "window_full")
             return False
         self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
-        return self._swap(rep, "window_full", t0, prepared=False, summary=summary) is not None
+        return self._swap(replacement, "window_full", t0, prepared=False, summary=summary) is not None
 
     # ------------------------------------------------------------------ the background mode's schedule
     def tick(self, turn_end: bool = False) -> None:

@@ -264,16 +264,16 @@ class Limits:
 
 
 # ------------------------------------------------------------------------------- decisions
-def sync_due(p: Policy, lim: Limits, tokens_after: int) -> bool:
+def sync_due(p: Policy, limits: Limits, tokens_after: int) -> bool:
     """Is a synchronous compaction (or, in background mode, a commit) due before reaching ``tokens_after``?"""
     if p.mode == "none":
-        return tokens_after > lim.window
-    return tokens_after >= lim.trigger_for(p.mode)
+        return tokens_after > limits.window
+    return tokens_after >= limits.trigger_for(p.mode)
 
 
-def preparation_due(p: Policy, lim: Limits, tokens: int) -> bool:
+def preparation_due(p: Policy, limits: Limits, tokens: int) -> bool:
     """The latest point a background preparation may start: ``soft`` (the scheduler starts earlier)."""
-    return p.mode == "background" and tokens >= lim.soft
+    return p.mode == "background" and tokens >= limits.soft
 
 
 def needs_restart(p: Policy, window: int, *, summary_tokens: int, tail_tokens: int, prefix_tokens: int = 0,
@@ -305,21 +305,21 @@ def probe_due(p: Policy, *, generated_since_probe: int = 0, tool_results_since_p
     return generated_since_probe >= p.probe_every
 
 
-def probe_skip_reason(p: Policy, lim: Limits, tokens: int) -> str:
+def probe_skip_reason(p: Policy, limits: Limits, tokens: int) -> str:
     """Why a due probe need not ask the model ("" when it should): below the floor nothing is worth it."""
-    if tokens < lim.probe_min:
+    if tokens < limits.probe_min:
         return "below_floor"
     return ""
 
 
-def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int, threshold: Optional[float] = None,
+def verdict(p: Policy, limits: Limits, p_compress: float, tokens: int, threshold: Optional[float] = None,
             cue: bool = False) -> tuple:
     """(verdict, reason). The label probability decides, above the probe floor (``probe_min_fill`` x the
     mode's trigger): below it there is nothing worth compacting, whatever the model says.  ``threshold``:
     the session's (the policy's, else the model's calibrated one, else 0.5).  ``cue``: a structural cue
     (``compaction/cue.py``) holds, which adds ``cue_weight`` to p(COMPRESS) (reason ``model+cue`` when that
     decided it)."""
-    if tokens < lim.probe_min:
+    if tokens < limits.probe_min:
         return "CONTINUE", "below_floor"
     if p_compress != p_compress:  # NaN
         return "CONTINUE", "no_probability"
@@ -331,9 +331,9 @@ def verdict(p: Policy, lim: Limits, p_compress: float, tokens: int, threshold: O
     return "CONTINUE", "model"
 
 
-def tool_allowed(p: Policy, lim: Limits, tokens: int) -> bool:
+def tool_allowed(p: Policy, limits: Limits, tokens: int) -> bool:
     """The compaction tool refuses below ``tool_min_fill`` x the mode's trigger ("Nothing to compact yet")."""
-    return p.mode != "none" and tokens >= lim.tool_min
+    return p.mode != "none" and tokens >= limits.tool_min
 
 
 __all__ = ["Policy", "Limits", "MsgInfo", "MODES", "reserve_cells", "resolve_window", "shadow_budget",

@@ -21,13 +21,13 @@ class Preparation:
         self.instructions, self._build, self.reason = instructions, build, reason
         self.t0 = time.perf_counter()
         self.replacement: Optional[Replacement] = None
-        self.rb = None
-        self.rb_t0, self.rb_rows = 0.0, 0             # when the rebased prefill started, and its rows then
+        self.rebase = None
+        self.rebase_t0, self.rebase_rows = 0.0, 0             # when the rebased prefill started, and its rows then
         self.fallback_t0, self.fallback_rows = 0.0, 0  # the same for the fallback's context
         self.commit_trigger: Optional[str] = None   # "compress": commit once caught up
         self.ready_at: Optional[float] = None
         self.fallback: Optional[Replacement] = None  # the fallback summary's context, prefilled meanwhile
-        self.fallback_rb = None
+        self.fallback_rebase = None
         self.fallback_summary: Optional[Summary] = None
         self.abandoned: list = []                    # cancelled after the swap (see use_fallback)
         self.rows = 0                                # rows per step granted (see set_rows)
@@ -40,7 +40,7 @@ class Preparation:
     def state(self) -> str:
         if self.replacement is None:
             return "summarizing"
-        if self.rb is not None and self.rb.done():
+        if self.rebase is not None and self.rebase.done():
             return "caught_up"
         return "ready"
 
@@ -64,17 +64,17 @@ class Preparation:
                 return False
             self._ready()
             became = True
-        if self.rb is None:
+        if self.rebase is None:
             need = len(self.replacement.tokens) + n - self.mark_tok
             if not room(need) and self.fallback is not None:
                 self.drop_fallback()  # both do not fit: the model's summary wins
             if room(need):
                 try:
-                    self.rb = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
-                    self.rb_t0, self.rb_rows = time.perf_counter(), need
-                    self._grant(self.rb)
+                    self.rebase = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
+                    self.rebase_t0, self.rebase_rows = time.perf_counter(), need
+                    self._grant(self.rebase)
                 except engine_errors():  # no slot or cells now: the commit prepares it synchronously
-                    self.rb = None
+                    self.rebase = None
         if self.state == "caught_up":
             self.drop_fallback()
         return became
@@ -86,17 +86,17 @@ class Preparation:
         ``max_stall_ms``) instead of a synchronous prefill."""
         if self.fallback is not None or self.replacement is not None:
             return
-        rep = self._build(summary)
-        if not room(len(rep.tokens) + n - self.mark_tok):
+        replacement = self._build(summary)
+        if not room(len(replacement.tokens) + n - self.mark_tok):
             return
         try:
-            self.fallback_rb = seq.prepare_rebase(self.prefix_tok, rep.tokens, self.mark_tok, mode=mode)
-            self.fallback_t0, self.fallback_rows = time.perf_counter(), len(rep.tokens) + n - self.mark_tok
-            self._grant(self.fallback_rb)
-            self.fallback = rep
+            self.fallback_rebase = seq.prepare_rebase(self.prefix_tok, replacement.tokens, self.mark_tok, mode=mode)
+            self.fallback_t0, self.fallback_rows = time.perf_counter(), len(replacement.tokens) + n - self.mark_tok
+            self._grant(self.fallback_rebase)
+            self.fallback = replacement
             self.fallback_summary = summary
         except engine_errors():
-            self.fallback_rb = None
+            self.fallback_rebase = None
 
     def set_rows(self, n: int) -> None:
         """Rows per engine step the summary and the prepared contexts may take next to the conversation's
@@ -105,7 +105,7 @@ class Preparation:
         if n == self.rows and a is self._granted:
             return
         self.rows, self._granted = n, a  # (a retried attempt is a new one: it is granted too)
-        for x in (a, self.rb, self.fallback_rb):
+        for x in (a, self.rebase, self.fallback_rebase):
             grant_rows(x, n)
 
     def _grant(self, x) -> None:
@@ -118,7 +118,7 @@ class Preparation:
         out = 0
         if not self.job.done:
             out += self.job.prompt_tokens + self.job.max_tokens
-        if self.replacement is not None and self.rb is not None:
+        if self.replacement is not None and self.rebase is not None:
             out += len(self.replacement.tokens) + tail
         if self.fallback is not None:
             out += len(self.fallback.tokens) + tail
@@ -134,12 +134,12 @@ class Preparation:
         self.pace = a.pace(self.written) if a is not None and hasattr(a, "pace") else None
         if a is not None:  # stop writing now (a flag: no wait); the fork is closed after the swap
             a.cancel()
-        self.abandoned = [x for x in (self.job, self.rb) if x is not None]
+        self.abandoned = [x for x in (self.job, self.rebase) if x is not None]
         if self.fallback is None:  # not prefilled (no room, or no time): the swap prefills it
             self.fallback_summary = self.job.fallback_summary("max_stall")
-            self.fallback, self.fallback_rb = self._build(self.fallback_summary), None
-        self.replacement, self.rb = self.fallback, self.fallback_rb
-        self.fallback, self.fallback_rb = None, None
+            self.fallback, self.fallback_rebase = self._build(self.fallback_summary), None
+        self.replacement, self.rebase = self.fallback, self.fallback_rebase
+        self.fallback, self.fallback_rebase = None, None
         self.job.summary = self.fallback_summary
         return self.fallback_summary
 
@@ -165,12 +165,12 @@ class Preparation:
     def drop_rebase(self) -> None:
         """The live tokens after the mark changed: the prepared rebase follows old tokens; redo it later."""
         self.drop_fallback()
-        if self.rb is not None:
+        if self.rebase is not None:
             try:
-                self.rb.cancel()
+                self.rebase.cancel()
             except Exception:  # noqa: BLE001
                 pass
-            self.rb = None
+            self.rebase = None
 
     def cancel(self) -> None:
         self.job.cancel()
@@ -179,10 +179,10 @@ class Preparation:
         self.release()
 
     def drop_fallback(self) -> None:
-        rb, self.fallback_rb, self.fallback = self.fallback_rb, None, None
-        if rb is not None:
+        rebase, self.fallback_rebase, self.fallback = self.fallback_rebase, None, None
+        if rebase is not None:
             try:
-                rb.cancel()
+                rebase.cancel()
             except Exception:  # noqa: BLE001
                 pass
 

@@ -52,7 +52,7 @@ class ProbeSettings:
 
 class Prober:
     def __init__(self, ctx, policy, limits, rubric: str, labels: Sequence[str], emit: Callable[[ev.Event], None]):
-        self.ctx, self.policy, self.lim, self.rubric, self.labels, self.emit = ctx, policy, limits, rubric, tuple(labels), emit
+        self.ctx, self.policy, self.limits, self.rubric, self.labels, self.emit = ctx, policy, limits, rubric, tuple(labels), emit
         self.gen_since = 0
         self.tools_since = 0
         self.seen_tidx = -1   # the newest transcript index the last due probe saw (its cue's "since")
@@ -84,11 +84,11 @@ class Prober:
         views = ctx.views()
         if ctx.partial is not None:
             views = views + [{"role": "assistant", "content": ctx.reply_text()}]
-        q = {"role": "user", "content": PROBE_PROMPT.format(rubric=self.rubric)}
-        N = ctx.render(views + [q], True)
-        if N.startswith(ctx.text):
-            return ctx.tok(N[len(ctx.text):])
-        return ctx.tok("\n\n" + q["content"] + "\nAnswer: ")
+        question = {"role": "user", "content": PROBE_PROMPT.format(rubric=self.rubric)}
+        rendered = ctx.render(views + [question], True)
+        if rendered.startswith(ctx.text):
+            return ctx.tok(rendered[len(ctx.text):])
+        return ctx.tok("\n\n" + question["content"] + "\nAnswer: ")
 
     def cue(self) -> str:
         """The structural cue now ("answered", "user" or ""), and mark what this probe has seen: messages are
@@ -104,9 +104,9 @@ class Prober:
         if trigger == "tool_result":
             self.tools_since = 0
         n = len(self.ctx)
-        fill = n / self.lim.window
+        fill = n / self.limits.window
         cue = bool(self.cue())
-        why = ("" if self.settings.ask else "no_signal") or probe_skip_reason(self.policy, self.lim, n) or \
+        why = ("" if self.settings.ask else "no_signal") or probe_skip_reason(self.policy, self.limits, n) or \
             ("" if has_cut else "no_cut_point") or ("committing" if committing else "")
         toks = [] if why else self.prompt_tokens()
         if not why and len(toks) + 8 > free_cells(self.ctx.engine):
@@ -122,7 +122,7 @@ class Prober:
             self.emit(ev.ProbeSkipped("failed", fill, trigger))
             return "CONTINUE"
         p = float(probs.get(self.labels[0], float("nan")))
-        v, reason = verdict(self.policy, self.lim, p, n, self.settings.threshold, cue=cue)
+        v, reason = verdict(self.policy, self.limits, p, n, self.settings.threshold, cue=cue)
         self.emit(ev.Probe(v, p, len(toks), (time.perf_counter() - t0) * 1000.0, reason=reason, fill=fill,
                            trigger=trigger, cue=cue))
         return v

@@ -11,13 +11,13 @@ class Room:
     """Makes room in ``ctx`` (a window of ``window`` tokens) through ``compactor``."""
 
     def __init__(self, ctx, compactor, window: int):
-        self.ctx, self.comp, self.window = ctx, compactor, window
+        self.ctx, self.compactor, self.window = ctx, compactor, window
 
     def make(self, after_fn: Callable[[], int]) -> None:
         """Compact until ``after_fn()`` tokens fit; a text that cannot fit even then is refused first."""
-        ctx, comp = self.ctx, self.comp
+        ctx, compactor = self.ctx, self.compactor
         after = after_fn()
-        if comp.room_ok(after):
+        if compactor.room_ok(after):
             return
         if ctx.prefix_tok() + max(0, after - len(ctx)) > self.window:  # no compaction could make it fit
             raise ContextWindowError(
@@ -25,7 +25,7 @@ class Room:
                 f"prompt it cannot fit the window of {self.window} even after compaction; shorten it or use a "
                 "larger window")
         for _ in range(3):
-            if comp.make_room(after_fn) and comp.room_ok(after_fn()):
+            if compactor.make_room(after_fn) and compactor.room_ok(after_fn()):
                 return
             if after_fn() <= self.window:
                 return
@@ -36,12 +36,12 @@ class Room:
 
     def fits(self, after: int) -> bool:
         """Can the live context grow to ``after`` tokens without a compaction first?"""
-        return self.comp.room_ok(after)
+        return self.compactor.room_ok(after)
 
     def make_best_effort(self, after_fn: Callable[[], int]) -> None:
         """Compact (or, as a last resort, drop turns) toward ``after_fn()`` tokens; never refuses: a reply
         that still does not fit writes fewer tokens (the caller checks)."""
-        self.comp.make_room(after_fn)
+        self.compactor.make_room(after_fn)
 
     def for_batch(self, msgs: List[dict]) -> None:
         """Make room for a call's messages together, before the first is appended: a swap needed by this
@@ -54,7 +54,7 @@ class Room:
         new_views = [view_of(m) for m in msgs]
         after = lambda: ctx.measure(ctx.render(ctx.views() + new_views))  # noqa: E731
         if ctx.prefix_tok() + after() - len(ctx) <= self.window:
-            self.comp.make_room(after, drop=False)
+            self.compactor.make_room(after, drop=False)
 
 
 __all__ = ["Room"]

@@ -61,55 +61,55 @@ def predicted_prep_s(rates: Rates, summary_left: int, prefill_left: int) -> Opti
     return (summary_left / rates.summary_tok_s if summary_left > 0 else 0.0) + prefill_left / rates.prefill_tok_s
 
 
-def time_to_hard_s(lim: Limits, tokens: int, rates: Rates) -> Optional[float]:
+def time_to_hard_s(limits: Limits, tokens: int, rates: Rates) -> Optional[float]:
     """Seconds until the live context reaches ``hard`` at the recent growth rate (None: unknown)."""
-    if tokens >= lim.hard:
+    if tokens >= limits.hard:
         return 0.0
     if not rates.growth_tok_s or rates.growth_tok_s <= 0:
         return None
-    return (lim.hard - tokens) / rates.growth_tok_s
+    return (limits.hard - tokens) / rates.growth_tok_s
 
 
-def start_reason(p: Policy, lim: Limits, st: State, rates: Rates) -> str:
+def start_reason(p: Policy, limits: Limits, st: State, rates: Rates) -> str:
     """Why a preparation should start now ("" when it should not).  Background mode only."""
     if p.mode != "background" or st.prep != "none":
         return ""
-    if st.tokens >= lim.soft:
+    if st.tokens >= limits.soft:
         return "soft"
-    if st.tokens < lim.earliest:
+    if st.tokens < limits.earliest:
         return ""
-    if rates.turn_tokens and st.tokens + 2 * rates.turn_tokens >= lim.hard:
+    if rates.turn_tokens and st.tokens + 2 * rates.turn_tokens >= limits.hard:
         return "next_turns"
     need = predicted_prep_s(rates, st.summary_left, st.prefill_left)
-    left = time_to_hard_s(lim, st.tokens, rates)
+    left = time_to_hard_s(limits, st.tokens, rates)
     if need is not None and left is not None and left <= need:
         return "schedule"
     return ""
 
 
-def edge_action(p: Policy, lim: Limits, st: State, margin: int) -> Action:
+def edge_action(p: Policy, limits: Limits, st: State, margin: int) -> Action:
     """What to do when the next step would reach ``tokens_after`` with a preparation in ``st.prep``."""
-    if st.tokens_after < lim.hard:
+    if st.tokens_after < limits.hard:
         return Action("none")
     if st.prep == "none":
         return Action("compact_now", "no_preparation")
     if st.prep == "caught_up":
         return Action("commit", "ready")
-    if st.tokens_after <= lim.window - margin and st.headroom_ok:
+    if st.tokens_after <= limits.window - margin and st.headroom_ok:
         return Action("none", "headroom")  # keep going above hard while it finishes
     if st.waited_ms < p.max_stall_ms:
         return Action("wait", st.prep)
     return Action("fallback", "max_stall" if st.prep == "summarizing" else "rebase_late")
 
 
-def decide(p: Policy, lim: Limits, st: State, rates: Rates, margin: int = 24) -> Action:
+def decide(p: Policy, limits: Limits, st: State, rates: Rates, margin: int = 24) -> Action:
     """The one background decision for the next step: prepare, commit, wait, fall back, or nothing."""
     if p.mode != "background":
-        return Action("compact_now", "trigger") if st.tokens_after >= lim.trigger else Action("none")
-    act = edge_action(p, lim, st, margin)
+        return Action("compact_now", "trigger") if st.tokens_after >= limits.trigger else Action("none")
+    act = edge_action(p, limits, st, margin)
     if act.kind != "none":
         return act
-    why = start_reason(p, lim, st, rates)
+    why = start_reason(p, limits, st, rates)
     return Action("prepare", why) if why else act
 
 

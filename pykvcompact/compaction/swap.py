@@ -37,43 +37,43 @@ class Swap:
         self.ctx, self.transcript, self.rebase_mode, self.describe = ctx, transcript, rebase_mode, describe
         self.last: Optional[Replacement] = None   # what the latest swap put in (a smaller plan, maybe)
 
-    def gain(self, rep: Replacement) -> int:
+    def gain(self, replacement: Replacement) -> int:
         """Tokens the swap frees (<= 0: not worth doing)."""
-        p_tok, m_tok, _, _ = self.ctx.span(rep.mark)
-        return (m_tok - p_tok) - len(rep.tokens)
+        p_tok, m_tok, _, _ = self.ctx.span(replacement.mark)
+        return (m_tok - p_tok) - len(replacement.tokens)
 
-    def run(self, rep: Replacement, *, reason: str, rb=None, mode: Optional[str] = None) -> dict:
+    def run(self, replacement: Replacement, *, reason: str, rebase=None, mode: Optional[str] = None) -> dict:
         ctx = self.ctx
-        replaced = ctx.entries[ctx.n_prefix:rep.mark]
-        span = ctx.span(rep.mark)
+        replaced = ctx.entries[ctx.n_prefix:replacement.mark]
+        span = ctx.span(replacement.mark)
         before = len(ctx)
         self.transcript.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
         while True:
-            if rep.msg is not None:
-                self.transcript.log(rep.msg, live=False)  # the summary is durable before anything changes
+            if replacement.msg is not None:
+                self.transcript.log(replacement.msg, live=False)  # the summary is durable before anything changes
             try:
-                info = self._build(span, rep.tokens, rb, mode or self.rebase_mode)    # (2)
+                info = self._build(span, replacement.tokens, rebase, mode or self.rebase_mode)    # (2)
                 break
             except BaseException as e:
-                if rep.msg is not None:
+                if replacement.msg is not None:
                     self.transcript.unlog(len(self.transcript.messages))
                 # (a smaller plan only on the context as it was: not after a restore that failed)
-                smaller = rep.smaller() if (rep.smaller is not None and isinstance(e, errors.ContextFullError)
+                smaller = replacement.smaller() if (replacement.smaller is not None and isinstance(e, errors.ContextFullError)
                                             and ctx.lost is None) else None
-                while smaller is not None and len(smaller.tokens) >= len(rep.tokens) and smaller.smaller:
+                while smaller is not None and len(smaller.tokens) >= len(replacement.tokens) and smaller.smaller:
                     smaller = smaller.smaller()   # (a plan that saves nothing here: the next one)
-                if smaller is None or len(smaller.tokens) >= len(rep.tokens):
+                if smaller is None or len(smaller.tokens) >= len(replacement.tokens):
                     raise
-                rep, rb = smaller, None  # the pool has no room for this rebased context: a smaller one
-        expect = before + span[0] + len(rep.tokens) - span[1]
+                replacement, rebase = smaller, None  # the pool has no room for this rebased context: a smaller one
+        expect = before + span[0] + len(replacement.tokens) - span[1]
         if len(ctx.seq) != expect:  # pragma: no cover - engine contract violated: nothing replaced
             raise errors.EngineError(f"rebase left {len(ctx.seq)} tokens, expected {expect}")
-        self.last = rep
+        self.last = replacement
         entry = None                                                            # (3)
-        if rep.msg is not None:
-            entry = Entry(rep.msg, rep.view, self.transcript.record(rep.msg), summary=True)
-        ctx.replaced(rep.mark, span, entry, rep.r_text, len(rep.tokens))
+        if replacement.msg is not None:
+            entry = Entry(replacement.msg, replacement.view, self.transcript.record(replacement.msg), summary=True)
+        ctx.replaced(replacement.mark, span, entry, replacement.r_text, len(replacement.tokens))
         self.transcript.forget(replaced, entry, None if entry is None else self.describe(entry.msg))
         ctx.n = len(ctx.seq)
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
@@ -81,27 +81,27 @@ class Swap:
         info["offloaded"] = sum(1 for e in replaced if not e.summary)
         return info
 
-    def _build(self, span, repl: List[int], rb, mode: str) -> dict:
+    def _build(self, span, repl: List[int], rebase, mode: str) -> dict:
         seq = self.ctx.seq
         prefix_tok, mark_tok = span[0], span[1]
-        if rb is not None:
+        if rebase is not None:
             try:
-                return dict(seq.commit_rebase(rb))
+                return dict(seq.commit_rebase(rebase))
             except engine_errors():
-                _cancel(rb)
-        rb = None
+                _cancel(rebase)
+        rebase = None
         if mode == "exact" and rebuilds_in_place(self.ctx.engine):
             built = self._rebuild_in_place(prefix_tok, repl, mark_tok)
             if built is not None:
                 return built
         try:
-            rb = seq.prepare_rebase(prefix_tok, repl, mark_tok, mode=mode)
-            if not rb.wait():
-                raise errors.EngineError(f"rebase preparation failed: {getattr(rb, 'error', '')}")
-            return dict(seq.commit_rebase(rb))
+            rebase = seq.prepare_rebase(prefix_tok, repl, mark_tok, mode=mode)
+            if not rebase.wait():
+                raise errors.EngineError(f"rebase preparation failed: {getattr(rebase, 'error', '')}")
+            return dict(seq.commit_rebase(rebase))
         except engine_errors():
-            if rb is not None:
-                _cancel(rb)
+            if rebase is not None:
+                _cancel(rebase)
         # last resort: a fresh sequence, created before the old one is closed
         t0 = time.perf_counter()
         toks = seq.tokens
@@ -155,9 +155,9 @@ class Swap:
             raise
 
 
-def _cancel(rb) -> None:
+def _cancel(rebase) -> None:
     try:
-        rb.cancel()
+        rebase.cancel()
     except Exception:  # noqa: BLE001
         pass
 

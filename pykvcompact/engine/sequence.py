@@ -260,20 +260,20 @@ class Sequence:
         rid, job = self._n().prepare_rebase(self._h, keep_prefix, repl, keep_from, mode == "splice")
         return Rebase(self, rid, job, keep_prefix, keep_from, repl, mode)
 
-    def commit_rebase(self, rb: Rebase) -> dict:
+    def commit_rebase(self, rebase: Rebase) -> dict:
         """Make this sequence the prepared one, tokens and KV, including tokens appended since the
         preparation began (caught up in the background where possible, the rest now)."""
-        if not isinstance(rb, Rebase):
+        if not isinstance(rebase, Rebase):
             raise TypeError("commit_rebase takes the Rebase returned by prepare_rebase")
-        if rb.sequence is not self:
+        if rebase.sequence is not self:
             raise ValueError("this rebase was prepared for another sequence")
         try:
-            info = self._n().commit_rebase(self._h, rb.id)
+            info = self._n().commit_rebase(self._h, rebase.id)
         except RebaseNotPendingError:
-            rb.raise_if_superseded()   # the engine dropped it because another rebase was committed first
+            rebase.raise_if_superseded()   # the engine dropped it because another rebase was committed first
             raise
-        rb.mark_committed()
-        return {"mode": rb.mode, "tokens_before": int(info["tokens_before"]), "tokens_after": int(info["tokens_after"]),
+        rebase.mark_committed()
+        return {"mode": rebase.mode, "tokens_before": int(info["tokens_before"]), "tokens_after": int(info["tokens_after"]),
                 "stall_ms": float(info["stall_ms"]), "catch_up_tokens": int(info["catch_up_tokens"])}
 
     def close(self) -> None:

@@ -239,31 +239,31 @@ class RemoteSequence:
             self.engine.count_warmup()
         return RemoteRebase(self, keep_prefix, repl, keep_from, mode, len(target), warm)
 
-    def commit_rebase(self, rb: RemoteRebase) -> dict:
+    def commit_rebase(self, rebase: RemoteRebase) -> dict:
         """Replace the token list by the prepared one (with the tokens appended since).  Then one request
         (``max_tokens=1``) on it, timed: the stall, small when the warm-up's prefix is still cached, the
         whole prefill when the server evicted it (or there was no warm-up)."""
-        if not isinstance(rb, RemoteRebase):
+        if not isinstance(rebase, RemoteRebase):
             raise TypeError("commit_rebase takes the RemoteRebase returned by prepare_rebase")
-        if rb.sequence is not self:
+        if rebase.sequence is not self:
             raise ValueError("this rebase was prepared for another sequence")
-        if rb.committed:
+        if rebase.committed:
             raise ValueError("this rebase was already committed")
-        if rb.cancelled:
+        if rebase.cancelled:
             raise errors.CancelledError("this rebase preparation was cancelled")
         self._idle()
         toks = self.tokens
-        if rb.keep_from > len(toks):
+        if rebase.keep_from > len(toks):
             raise errors.EngineError("the sequence was cut before the rebase's keep_from: prepare it again")
-        new = toks[:rb.keep_prefix] + rb.replacement + toks[rb.keep_from:]
-        warmed = rb.warmed
+        new = toks[:rebase.keep_prefix] + rebase.replacement + toks[rebase.keep_from:]
+        warmed = rebase.warmed
         with self._lock:
             self._tokens = new
-        rb.committed = True
-        if rb.warmup is not None and not rb.warmup.done():
-            rb.warmup.cancel()
+        rebase.committed = True
+        if rebase.warmup is not None and not rebase.warmup.done():
+            rebase.warmup.cancel()
         info = {"mode": "exact", "tokens_before": len(toks), "tokens_after": len(new),
-                "catch_up_tokens": max(0, len(new) - rb.target_len), "warmed": warmed, "warmup_ms": rb.warmup_ms,
+                "catch_up_tokens": max(0, len(new) - rebase.target_len), "warmed": warmed, "warmup_ms": rebase.warmup_ms,
                 "stall_ms": 0.0}
         if self.engine.measure_stall:
             info.update(self._touch(new))

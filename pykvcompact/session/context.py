@@ -121,47 +121,47 @@ class Context:
                            extra_tail=self.n - self.end_tok())
 
     # ------------------------------------------------------------------ incremental rendering
-    def _plan(self, N: str) -> Tuple[int, int, int]:
-        """How to make the sequence represent text ``N``: ``(cut_char, cut_tok, c)``: cut back to
-        ``cut_tok`` (= text ``N[:cut_char]``), append ``N[cut_char:]``; ``c`` the common prefix."""
-        O = self.text
-        c = common_prefix_len(O, N)
-        if c == len(O) and is_safe_cut(N, c):
-            return len(O), self.n, c
+    def _plan(self, new_text: str) -> Tuple[int, int, int]:
+        """How to make the sequence represent text ``new_text``: ``(cut_char, cut_tok, common)``: cut back to
+        ``cut_tok`` (= text ``new_text[:cut_char]``), append ``new_text[cut_char:]``; ``common`` the common prefix."""
+        old_text = self.text
+        common = common_prefix_len(old_text, new_text)
+        if common == len(old_text) and is_safe_cut(new_text, common):
+            return len(old_text), self.n, common
         cands = [(0, 0)]
         for e in self.entries:
-            if e.start_tok is not None and e.start_char <= c:
+            if e.start_tok is not None and e.start_char <= common:
                 cands.append((e.start_char, e.start_tok))
         p = self.partial
-        if p is not None and p.start_tok is not None and p.start_char <= c:
+        if p is not None and p.start_tok is not None and p.start_char <= common:
             cands.append((p.start_char, p.start_tok))
-        best = max((x for x in cands if is_safe_cut(N, x[0])), key=lambda x: x[0])
-        return best[0], best[1], c
+        best = max((x for x in cands if is_safe_cut(new_text, x[0])), key=lambda x: x[0])
+        return best[0], best[1], common
 
-    def measure(self, N: str) -> int:
-        """Live tokens once the sequence represents ``N``."""
-        cut_char, cut_tok, _ = self._plan(N)
-        return cut_tok + len(self.tok(N[cut_char:]))
+    def measure(self, new_text: str) -> int:
+        """Live tokens once the sequence represents ``new_text``."""
+        cut_char, cut_tok, _ = self._plan(new_text)
+        return cut_tok + len(self.tok(new_text[cut_char:]))
 
-    def _tokenize_region(self, N: str, cut_char: int, bounds: Sequence[int]):
-        pts = sorted({b for b in bounds if cut_char < b < len(N) and is_safe_cut(N, b)})
+    def _tokenize_region(self, new_text: str, cut_char: int, bounds: Sequence[int]):
+        pts = sorted({b for b in bounds if cut_char < b < len(new_text) and is_safe_cut(new_text, b)})
         toks: List[int] = []
         at: Dict[int, int] = {cut_char: 0}
         prev = cut_char
-        for b in pts + [len(N)]:
-            toks.extend(self.tok(N[prev:b]))
+        for b in pts + [len(new_text)]:
+            toks.extend(self.tok(new_text[prev:b]))
             at[b] = len(toks)
             prev = b
         return toks, at
 
-    def sync(self, N: str) -> Tuple[int, Optional[int]]:
-        """Make the sequence represent ``N``. Returns ``(start_char, start_tok)`` of the new text (the common
+    def sync(self, new_text: str) -> Tuple[int, Optional[int]]:
+        """Make the sequence represent ``new_text``. Returns ``(start_char, start_tok)`` of the new text (the common
         prefix of the old and new text; ``start_tok`` None when that is not a token boundary)."""
-        cut_char, cut_tok, c = self._plan(N)
-        bounds = [e.start_char for e in self.entries if e.start_char > cut_char] + [c]
+        cut_char, cut_tok, common = self._plan(new_text)
+        bounds = [e.start_char for e in self.entries if e.start_char > cut_char] + [common]
         if self.partial is not None:
             bounds.append(self.partial.start_char)
-        toks, at = self._tokenize_region(N, cut_char, bounds)
+        toks, at = self._tokenize_region(new_text, cut_char, bounds)
         if cut_tok < self.n:
             self.truncate(cut_tok)
         if toks:
@@ -174,10 +174,10 @@ class Context:
         p = self.partial
         if p is not None and p.start_char > cut_char:
             p.start_tok = (cut_tok + at[p.start_char]) if p.start_char in at else None
-        self.text = N
-        if c == cut_char:
-            return c, cut_tok
-        return c, ((cut_tok + at[c]) if c in at else None)
+        self.text = new_text
+        if common == cut_char:
+            return common, cut_tok
+        return common, ((cut_tok + at[common]) if common in at else None)
 
     def add(self, msg: dict, view: dict, tidx: int, *, summary: bool = False, from_partial: bool = False) -> Entry:
         """Render ``msg`` after the live messages and append the difference.  ``from_partial``: the reply

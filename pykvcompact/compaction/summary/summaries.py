@@ -122,10 +122,10 @@ class SummaryMaker:
             req = {"role": "user", "content": summarizer_request(
                 self.transcript.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
                 has_earlier=bool(carried or standing))}
-            B = ctx.render(base)
-            N = ctx.render(base + [req], True) + FIRST_HEADING
-            c = len(B) if N.startswith(B) else common_prefix_len(B, N)
-            return ctx.tok(N[c:])
+            before = ctx.render(base)
+            after = ctx.render(base + [req], True) + FIRST_HEADING
+            common = len(before) if after.startswith(before) else common_prefix_len(before, after)
+            return ctx.tok(after[common:])
 
         def fork_at():
             f = ctx.seq.fork()
@@ -237,8 +237,8 @@ class SummaryMaker:
         while True:
             content = compose(header, kept, carried, rest, standing, res.section(results, dropped, self.searchable))
             msg = {"role": "user", "content": content, "summary": True}
-            rep = self._rendered(mark, msg)
-            if limit is None or len(rep.tokens) <= limit or not (results or dropped):
+            replacement = self._rendered(mark, msg)
+            if limit is None or len(replacement.tokens) <= limit or not (results or dropped):
                 break
             if results:   # a long header (the history path): fewer results, the last tier first
                 drop = min(range(len(results)), key=lambda i: (-res.tier_of(results[i]), i))
@@ -250,8 +250,8 @@ class SummaryMaker:
         body = carried + "\n" + ("" if summary.fallback else rest)
         self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results, dropped)
         if level < MAX_SHRINK:
-            rep.smaller = lambda: self.replacement(mark, summary, level + 1)
-        return rep
+            replacement.smaller = lambda: self.replacement(mark, summary, level + 1)
+        return replacement
 
     def _judge(self, summary: Summary, rest: str, plan: Plan) -> None:
         """Count, once per summary used, whether the model said something the summary message does not
@@ -277,9 +277,9 @@ class SummaryMaker:
         view = view_of(msg)
         ctx = self.ctx
         pre = ctx.views()[:ctx.n_prefix]
-        B = ctx.render(pre)
-        N = ctx.render(pre + [view])
-        r_text = N[len(B):] if N.startswith(B) else N[common_prefix_len(B, N):]
+        before = ctx.render(pre)
+        after = ctx.render(pre + [view])
+        r_text = after[len(before):] if after.startswith(before) else after[common_prefix_len(before, after):]
         return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
 
     def kept_tokens(self, msg) -> int:

@@ -50,16 +50,16 @@ def is_compact_call(call: dict) -> bool:
 
 class CompactTool:
     def __init__(self, ctx, policy, limits, compactor, emit: Callable[[ev.Event], None], path: str):
-        self.ctx, self.policy, self.lim, self.compactor, self.emit, self.path = ctx, policy, limits, compactor, emit, path
+        self.ctx, self.policy, self.limits, self.compactor, self.emit, self.path = ctx, policy, limits, compactor, emit, path
 
     def run(self, call: dict) -> dict:
         """Compact now if allowed; returns the tool result message (not yet added to the context)."""
         n = len(self.ctx)
         if self.policy.mode == "none":
-            self.emit(ev.ToolRefused(n / self.lim.window, reason="mode_none"))
+            self.emit(ev.ToolRefused(n / self.limits.window, reason="mode_none"))
             result = NOTHING_TO_COMPACT
-        elif not tool_allowed(self.policy, self.lim, n):
-            self.emit(ev.ToolRefused(n / self.lim.window, reason="below_min_fill"))
+        elif not tool_allowed(self.policy, self.limits, n):
+            self.emit(ev.ToolRefused(n / self.limits.window, reason="below_min_fill"))
             result = NOTHING_TO_COMPACT
         elif self.compactor.defer("tool"):
             # background mode: the summary is written on a fork and swapped in once its context is

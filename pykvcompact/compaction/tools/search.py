@@ -10,7 +10,7 @@ from . import history_search
 
 class SearchTool:
     def __init__(self, ctx, transcript, limits, emit: Callable[[ev.Event], None]):
-        self.ctx, self.transcript, self.lim, self.emit = ctx, transcript, limits, emit
+        self.ctx, self.transcript, self.limits, self.emit = ctx, transcript, limits, emit
         # a result may take an eighth of the window: enough for a dozen lines, never the room to work
         self.budget = max(64, limits.window // 8)
 
@@ -22,7 +22,7 @@ class SearchTool:
         else:
             content, shown = history_search.search_result(self._offloaded(), query, budget=self.budget,
                                                           count=self._count)
-        self.emit(ev.HistorySearched(query or "", shown, self._count(content), len(self.ctx) / self.lim.window))
+        self.emit(ev.HistorySearched(query or "", shown, self._count(content), len(self.ctx) / self.limits.window))
         return {"role": "tool", "tool_call_id": call.get("id", ""), "name": history_search.NAME,
                 "content": content}
 
