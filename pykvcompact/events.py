@@ -54,7 +54,9 @@ class Probe(Event):
 
 @dataclass
 class SummaryStarted(Event):
-    """A summary of the live messages before ``mark`` (index into the live messages) has started."""
+    """A summary of the live messages before the cut ``mark`` (an index into the live messages; ``mark_tokens``
+    its token position) has started.  (The field names predate the code's word for it, "cut"; they stay, being
+    public.)"""
     mark: int
     mark_tokens: int = 0
     background: bool = True
@@ -184,6 +186,7 @@ class ReplyFollows(Event):
 
 @dataclass
 class PreparationRestarted(Event):
+    """A background preparation was dropped (and maybe started again at a later cut); ``old_mark``: its cut."""
     reason: str
     old_mark: int
     tail_tokens: int = 0

@@ -89,11 +89,11 @@ def _infos():
 @given(msgs=_infos(), keep=st.integers(0, 500), min_span=st.integers(1, 300), extra=st.integers(0, 100),
        dangling=st.booleans())
 @settings(max_examples=300, deadline=None)
-def test_choose_mark_properties(msgs, keep, min_span, extra, dangling):
+def test_choose_cut_properties(msgs, keep, min_span, extra, dangling):
     msgs = [P.MsgInfo("system", 30)] + msgs
     if dangling:  # an assistant tool call still waiting for its result
         msgs.append(P.MsgInfo("assistant", 20, tool_call=True))
-    m = P.choose_mark(msgs, 1, keep, min_span=min_span, extra_tail=extra)
+    m = P.choose_cut(msgs, 1, keep, min_span=min_span, extra_tail=extra)
     st_ = P.starts(msgs)
     total = st_[-1] + extra
     allowed = [k for k in range(2, len(msgs) + 1) if P.cut_allowed(msgs, k) and total - st_[k] >= keep]

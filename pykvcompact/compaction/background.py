@@ -43,8 +43,8 @@ class Background:
               keep_recent: Optional[int] = None, floor: bool = True) -> bool:
         if keep_recent is None and self.policy.mode == "background":
             keep_recent = self._keep_at_start(reason)
-        mark = self.cuts.choose(loose, keep_recent, floor)
-        if mark is None or (not loose and self.cuts.gains_nothing()):
+        cut = self.cuts.choose(loose, keep_recent, floor)
+        if cut is None or (not loose and self.cuts.gains_nothing()):
             return False
         ctx = self.ctx
         bg = self.policy.mode == "background"
@@ -52,16 +52,16 @@ class Background:
         # machine may have quietened, the agent's tools may now leave the engine idle)
         paced = bg and reason in PACED and self.skips < self._retry_after()
         try:
-            job = self.maker.start(mark, instructions, background=bg, trigger=reason,
+            job = self.maker.start(cut, instructions, background=bg, trigger=reason,
                                    affordable=self.affordable() if paced else None)
         except engine_errors():
             return False
         skipped = job.summary is not None and job.summary.reason == "no_time"
         self.skips = self.skips + 1 if skipped else 0
-        self.prep = Preparation(job, mark=mark, mark_tok=ctx.mark_tok(mark), prefix_tok=ctx.prefix_tok(),
-                                instructions=instructions, build=lambda s: self.maker.replacement(mark, s),
+        self.prep = Preparation(job, cut=cut, cut_token=ctx.cut_token(cut), prefix_tok=ctx.prefix_tok(),
+                                instructions=instructions, build=lambda s: self.maker.replacement(cut, s),
                                 reason=reason)
-        self.emit(ev.SummaryStarted(mark, ctx.mark_tok(mark), background=True, reason=reason))
+        self.emit(ev.SummaryStarted(cut, ctx.cut_token(cut), background=True, reason=reason))
         return True
 
     def _keep_at_start(self, reason: str) -> Optional[int]:
@@ -80,16 +80,16 @@ class Background:
         """Does ``p``'s cut summarize a message no finished reply has followed yet (a tool result just in,
         the question a reply is being written to)?  Such a preparation is not swapped in before that reply
         unless the window's edge leaves no choice: the model answers what it has read in full."""
-        return p.mark_tok > len(self.ctx) - self.cuts.unanswered_tail()
+        return p.cut_token > len(self.ctx) - self.cuts.unanswered_tail()
 
     def recut_for(self, trigger: str) -> None:
         """``/compact`` and the tool leave ``keep_recent`` raw: a pending preparation cut later than that
         (for ``hard``, where more arrives first, or for a COMPRESS verdict) is cut again."""
         p = self.prep
-        if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.mark_tok >= self.limits.keep_recent:
+        if p is None or trigger not in ("manual", "tool") or len(self.ctx) - p.cut_token >= self.limits.keep_recent:
             return
         m = self.cuts.choose(True)
-        if m is not None and m < p.mark:
+        if m is not None and m < p.cut:
             self.cancel("keep_recent")
 
     def affordable(self) -> Optional[int]:
@@ -134,7 +134,7 @@ class Background:
             return
         p.cancel()
         if reason is not None:
-            self.emit(ev.PreparationRestarted(reason, p.mark, len(self.ctx) - p.mark_tok))
+            self.emit(ev.PreparationRestarted(reason, p.cut, len(self.ctx) - p.cut_token))
 
     def step(self, turn_end: bool = False) -> None:
         """Between steps: advance the preparation, start one when the schedule says, restart one the raw
@@ -165,7 +165,7 @@ class Background:
     def state(self, after: int, waited_ms: float = 0.0) -> scheduler.State:
         """What the schedule needs to know (scheduler.py) when the live context would grow to ``after``."""
         p, n = self.prep, len(self.ctx)
-        shadow = summary_message_budget(self.policy, self.limits.window) + max(0, after - (p.mark_tok if p else n))
+        shadow = summary_message_budget(self.policy, self.limits.window) + max(0, after - (p.cut_token if p else n))
         # the pool is asked only above hard (an engine query waits for the engine's next step)
         headroom = after < self.limits.hard or free_cells(self.ctx.engine) - (after - n) >= shadow
         state = p.state if p else "none"
@@ -173,7 +173,7 @@ class Background:
             state = "ready"   # swapped in once the reply is written (the headroom above hard), or at the edge
         return scheduler.State(tokens=n, tokens_after=after, prep=state,
                          summary_left=p.summary_left() if p else self._next_writes(),
-                         prefill_left=self.limits.summary + (n - p.mark_tok if p else self.limits.keep_recent),
+                         prefill_left=self.limits.summary + (n - p.cut_token if p else self.limits.keep_recent),
                          waited_ms=waited_ms, headroom_ok=headroom)
 
     def room_for(self, n: int) -> bool:
@@ -220,7 +220,7 @@ class Background:
             summary = len(p.fallback.tokens)  # would throw away its prefilled context for nothing
         else:
             summary = summary_message_budget(self.policy, self.limits.window)
-        tail, edge = len(self.ctx) - p.mark_tok, self.limits.window - self.margin
+        tail, edge = len(self.ctx) - p.cut_token, self.limits.window - self.margin
         why = needs_restart(self.policy, self.limits.window, summary_tokens=summary, prefix_tokens=p.prefix_tok,
                             tail_tokens=tail, overhead=0)
         # the largest turn of a longer memory (one swap must make room for it), up to a third of the
@@ -230,9 +230,9 @@ class Background:
             why = "tail_outgrew_window"  # committing it would not leave room for the next turn
         # (no room for the next turn otherwise: the newest cut, even if nothing stays raw)
         m = self.cuts.choose(keep_recent=0) if why == "tail_outgrew_window" else self.cuts.choose()
-        if not why or m is None or m <= p.mark:
+        if not why or m is None or m <= p.cut:
             return
-        new_tail = len(self.ctx) - self.ctx.mark_tok(m)
+        new_tail = len(self.ctx) - self.ctx.cut_token(m)
         if why == "tail_outgrew_window":
             if p.prefix_tok + summary + new_tail + turn > edge:
                 return  # a later cut would not leave room either
@@ -263,7 +263,7 @@ class Background:
             self.cancel("asks_model")
 
     def compress(self) -> bool:
-        """A COMPRESS verdict: mark the preparation (started now, at a cut worth summarizing, if there is
+        """A COMPRESS verdict: cut the preparation (started now, at a cut worth summarizing, if there is
         none) for a commit once caught up.  False when there is nothing to summarize."""
         if self.prep is None:
             self.start("compress")  # a cut worth summarizing (min_span), or nothing

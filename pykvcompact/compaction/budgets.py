@@ -66,7 +66,7 @@ def summary_message_budget(p: BudgetPolicy, window: int) -> int:
 def shadow_budget(p: BudgetPolicy, window: int) -> int:
     """Cells reserved for the prepared (shadow) context beyond the shared prefix: summary + raw tail."""
     tail = math.ceil(p.keep_recent * window)
-    if p.mode == "background":  # the tail grows from the mark (from soft - early_start) up to hard
+    if p.mode == "background":  # the tail grows from the cut (from soft - early_start) up to hard
         tail += math.ceil(max(0.0, p.hard - p.soft + p.early_start) * window)
     else:
         # synchronous modes cut at the trigger, leaving keep_recent raw (+ one message of slack)

@@ -55,7 +55,7 @@ class Compactor:
     def _on_truncate(self, n: int) -> None:
         p = self.prep
         if p is not None and n < len(self.ctx):
-            if n < p.mark_tok:
+            if n < p.cut_token:
                 self.cancel("history_changed")
             else:
                 p.drop_rebase()
@@ -109,15 +109,15 @@ class Compactor:
     def _sync(self, trigger: str, instructions: Optional[str]) -> Optional[ev.Rebased]:
         t0 = time.perf_counter()
         window_full = trigger == "window_full"
-        mark = self.cuts.choose(trigger in LOOSE, 0 if window_full else None, floor=not window_full)
-        if mark is None:
+        cut = self.cuts.choose(trigger in LOOSE, 0 if window_full else None, floor=not window_full)
+        if cut is None:
             self._skip("no_cut_point", trigger)
             return None
-        self.emit(ev.SummaryStarted(mark, self.ctx.mark_tok(mark), background=False, reason=trigger))
-        job = self.maker.start(mark, instructions, background=False, trigger=trigger)
+        self.emit(ev.SummaryStarted(cut, self.ctx.cut_token(cut), background=False, reason=trigger))
+        job = self.maker.start(cut, instructions, background=False, trigger=trigger)
         summary = job.wait()
         self.emit(self.maker.ready_event(summary, (time.perf_counter() - t0) * 1000.0))
-        replacement = self.maker.replacement(mark, summary)
+        replacement = self.maker.replacement(cut, summary)
         return self._swap(replacement, trigger, t0, prepared=False, summary=summary)
 
     def _commit(self, trigger: str, instructions: Optional[str], edge: bool) -> Optional[ev.Rebased]:
@@ -200,7 +200,7 @@ class Compactor:
 
     def drop(self, need: int, reason: str) -> bool:
         """Context shift: drop the oldest turns after the system prompt (offloaded first)."""
-        from .marks import cut_allowed, drop_plan
+        from .cut_rules import cut_allowed, drop_plan
         self.cancel("window_full")
         ctx = self.ctx
         if len(ctx.entries) <= ctx.n_prefix or ctx.entries[ctx.n_prefix].start_tok is None:
@@ -248,7 +248,7 @@ class Compactor:
             return False
         t0 = time.perf_counter()
         p_tok, m_tok = ctx.span(m)[:2]
-        self.emit(ev.SummaryStarted(m, ctx.mark_tok(m), background=False, reason="window_full"))
+        self.emit(ev.SummaryStarted(m, ctx.cut_token(m), background=False, reason="window_full"))
         try:
             summary = self.maker.start(m, None, background=False, affordable=0, trigger="window_full").wait()
             replacement = self.maker.replacement(m, summary)

@@ -1,7 +1,7 @@
 """The cut a compaction uses now: where the live context may be cut for a summary, given what must stay
 raw — ``keep_recent`` tokens, and the running call's messages until its reply begins (the model is about
 to answer them) — and whether a summary there can still gain anything.  The rules of where a cut may fall
-at all (never between a tool call and its results) are in ``marks.py``; this object applies them to the
+at all (never between a tool call and its results) are in ``cut_rules.py``; this object applies them to the
 live context and the running call."""
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ class Cuts:
         cuts into them."""
         least = self.call_tail() if floor else 0
         keep = max(least, self.limits.keep_recent if keep_recent is None else keep_recent)
-        cut = self.ctx.choose_mark(keep, self.limits.min_span)
+        cut = self.ctx.choose_cut(keep, self.limits.min_span)
         if cut is None and loose:
-            cut = self.ctx.choose_mark(least, self.limits.min_span) or self.ctx.choose_mark(keep, 1)
+            cut = self.ctx.choose_cut(least, self.limits.min_span) or self.ctx.choose_cut(keep, 1)
         return cut
 
     def gains_nothing(self) -> bool:

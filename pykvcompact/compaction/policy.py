@@ -48,7 +48,7 @@ from typing import Optional
 # cells: what a session's summary message and forks take (budgets.py), re-exported here
 from .budgets import (PROBE_SLACK, SUMMARY_MESSAGE_OVERHEAD, SummaryBudget, reserve_cells,  # noqa: F401
                       resolve_window, shadow_budget, summary_budget, summary_message_budget)
-from .marks import MsgInfo, choose_mark, cut_allowed, drop_plan, starts  # noqa: F401 (re-exported)
+from .cut_rules import MsgInfo, choose_cut, cut_allowed, drop_plan, starts  # noqa: F401 (re-exported)
 
 MODES = ("none", "fixed", "hard", "rubric", "background", "tool")
 REBASE_MODES = ("exact", "splice")
@@ -337,6 +337,6 @@ def tool_allowed(p: Policy, limits: Limits, tokens: int) -> bool:
 
 
 __all__ = ["Policy", "Limits", "MsgInfo", "MODES", "reserve_cells", "resolve_window", "shadow_budget",
-           "choose_mark", "cut_allowed", "drop_plan", "sync_due", "preparation_due", "needs_restart",
+           "choose_cut", "cut_allowed", "drop_plan", "sync_due", "preparation_due", "needs_restart",
            "probe_due", "probe_skip_reason", "verdict", "tool_allowed", "starts", "summary_message_budget",
            "SummaryBudget", "summary_budget"]

@@ -1,4 +1,4 @@
-"""A background preparation: a :class:`SummaryJob` on a fork cut at the mark, then the rebased context
+"""A background preparation: a :class:`SummaryJob` on a fork cut at the cut, then the rebased context
 (``prefix + summary + raw tail``) prefilled with ``prepare_rebase`` and kept caught up by the engine.
 
 States: ``summarizing`` -> ``ready`` (summary and replacement built; rebase being prefilled, or not
@@ -15,9 +15,9 @@ from .swap import Replacement
 
 
 class Preparation:
-    def __init__(self, job: SummaryJob, *, mark: int, mark_tok: int, prefix_tok: int, instructions: Optional[str],
+    def __init__(self, job: SummaryJob, *, cut: int, cut_token: int, prefix_tok: int, instructions: Optional[str],
                  build: Callable[[Summary], Replacement], reason: str):
-        self.job, self.mark, self.mark_tok, self.prefix_tok = job, mark, mark_tok, prefix_tok
+        self.job, self.cut, self.cut_token, self.prefix_tok = job, cut, cut_token, prefix_tok
         self.instructions, self._build, self.reason = instructions, build, reason
         self.t0 = time.perf_counter()
         self.replacement: Optional[Replacement] = None
@@ -65,12 +65,12 @@ class Preparation:
             self._ready()
             became = True
         if self.rebase is None:
-            need = len(self.replacement.tokens) + n - self.mark_tok
+            need = len(self.replacement.tokens) + n - self.cut_token
             if not room(need) and self.fallback is not None:
                 self.drop_fallback()  # both do not fit: the model's summary wins
             if room(need):
                 try:
-                    self.rebase = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.mark_tok, mode=mode)
+                    self.rebase = seq.prepare_rebase(self.prefix_tok, self.replacement.tokens, self.cut_token, mode=mode)
                     self.rebase_t0, self.rebase_rows = time.perf_counter(), need
                     self._grant(self.rebase)
                 except engine_errors():  # no slot or cells now: the commit prepares it synchronously
@@ -87,11 +87,11 @@ class Preparation:
         if self.fallback is not None or self.replacement is not None:
             return
         replacement = self._build(summary)
-        if not room(len(replacement.tokens) + n - self.mark_tok):
+        if not room(len(replacement.tokens) + n - self.cut_token):
             return
         try:
-            self.fallback_rebase = seq.prepare_rebase(self.prefix_tok, replacement.tokens, self.mark_tok, mode=mode)
-            self.fallback_t0, self.fallback_rows = time.perf_counter(), len(replacement.tokens) + n - self.mark_tok
+            self.fallback_rebase = seq.prepare_rebase(self.prefix_tok, replacement.tokens, self.cut_token, mode=mode)
+            self.fallback_t0, self.fallback_rows = time.perf_counter(), len(replacement.tokens) + n - self.cut_token
             self._grant(self.fallback_rebase)
             self.fallback = replacement
             self.fallback_summary = summary
@@ -114,7 +114,7 @@ class Preparation:
 
     def cells(self, n: int) -> int:
         """Cells this preparation holds beyond the live sequence (summary fork, prepared contexts)."""
-        tail = max(0, n - self.mark_tok)
+        tail = max(0, n - self.cut_token)
         out = 0
         if not self.job.done:
             out += self.job.prompt_tokens + self.job.max_tokens
@@ -163,7 +163,7 @@ class Preparation:
         return self.job.summary
 
     def drop_rebase(self) -> None:
-        """The live tokens after the mark changed: the prepared rebase follows old tokens; redo it later."""
+        """The live tokens after the cut changed: the prepared rebase follows old tokens; redo it later."""
         self.drop_fallback()
         if self.rebase is not None:
             try:

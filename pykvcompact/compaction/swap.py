@@ -19,8 +19,8 @@ from ..engine.port import engine_errors, rebuilds_in_place
 
 @dataclass
 class Replacement:
-    """What goes where ``entries[n_prefix:mark]`` were: a summary message (or None) and its tokens."""
-    mark: int
+    """What goes where ``entries[n_prefix:cut]`` were: a summary message (or None) and its tokens."""
+    cut: int
     msg: Optional[dict]
     view: Optional[dict]
     r_text: str
@@ -39,13 +39,13 @@ class Swap:
 
     def gain(self, replacement: Replacement) -> int:
         """Tokens the swap frees (<= 0: not worth doing)."""
-        p_tok, m_tok, _, _ = self.ctx.span(replacement.mark)
+        p_tok, m_tok, _, _ = self.ctx.span(replacement.cut)
         return (m_tok - p_tok) - len(replacement.tokens)
 
     def run(self, replacement: Replacement, *, reason: str, rebase=None, mode: Optional[str] = None) -> dict:
         ctx = self.ctx
-        replaced = ctx.entries[ctx.n_prefix:replacement.mark]
-        span = ctx.span(replacement.mark)
+        replaced = ctx.entries[ctx.n_prefix:replacement.cut]
+        span = ctx.span(replacement.cut)
         before = len(ctx)
         self.transcript.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
@@ -73,7 +73,7 @@ class Swap:
         entry = None                                                            # (3)
         if replacement.msg is not None:
             entry = Entry(replacement.msg, replacement.view, self.transcript.record(replacement.msg), summary=True)
-        ctx.replaced(replacement.mark, span, entry, replacement.r_text, len(replacement.tokens))
+        ctx.replaced(replacement.cut, span, entry, replacement.r_text, len(replacement.tokens))
         self.transcript.forget(replaced, entry, None if entry is None else self.describe(entry.msg))
         ctx.n = len(ctx.seq)
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
@@ -83,7 +83,7 @@ class Swap:
 
     def _build(self, span, repl: List[int], rebase, mode: str) -> dict:
         seq = self.ctx.seq
-        prefix_tok, mark_tok = span[0], span[1]
+        prefix_tok, cut_token = span[0], span[1]
         if rebase is not None:
             try:
                 return dict(seq.commit_rebase(rebase))
@@ -91,11 +91,11 @@ class Swap:
                 _cancel(rebase)
         rebase = None
         if mode == "exact" and rebuilds_in_place(self.ctx.engine):
-            built = self._rebuild_in_place(prefix_tok, repl, mark_tok)
+            built = self._rebuild_in_place(prefix_tok, repl, cut_token)
             if built is not None:
                 return built
         try:
-            rebase = seq.prepare_rebase(prefix_tok, repl, mark_tok, mode=mode)
+            rebase = seq.prepare_rebase(prefix_tok, repl, cut_token, mode=mode)
             if not rebase.wait():
                 raise errors.EngineError(f"rebase preparation failed: {getattr(rebase, 'error', '')}")
             return dict(seq.commit_rebase(rebase))
@@ -105,12 +105,12 @@ class Swap:
         # last resort: a fresh sequence, created before the old one is closed
         t0 = time.perf_counter()
         toks = seq.tokens
-        new = self.ctx.engine.sequence(toks[:prefix_tok] + list(repl) + toks[mark_tok:])
+        new = self.ctx.engine.sequence(toks[:prefix_tok] + list(repl) + toks[cut_token:])
         self.ctx.replace_sequence(new)
         return {"mode": "rebuild", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0}
 
 
-    def _rebuild_in_place(self, prefix_tok: int, repl: List[int], mark_tok: int) -> Optional[dict]:
+    def _rebuild_in_place(self, prefix_tok: int, repl: List[int], cut_token: int) -> Optional[dict]:
         """A swap nobody prepared, waited for anyway: truncate the sequence to the prefix and append the
         summary and the tail.  The old cells are freed first, so the new rows attend over the prefix alone
         (a prepared rebase builds beside the old history; ``bench/peer.py``, SmolLM2, one live sequence:
@@ -124,7 +124,7 @@ class Swap:
         except errors.UnsupportedOperationError:   # recurrent and hybrid memories: a prepared rebase instead
             return None
         try:
-            seq.append(list(repl) + old[mark_tok:])
+            seq.append(list(repl) + old[cut_token:])
         except BaseException:
             self._restore(old, prefix_tok)
             raise

@@ -69,7 +69,7 @@ class CallLoop:
             self.parts.compactor.call_tidx = None
 
     def run(self, messages, max_tokens, tools, sampling, streaming):
-        """One ``chat``/``stream`` call: a generator of text deltas (``streaming``) or ``CHUNK_DONE`` marks,
+        """One ``chat``/``stream`` call: a generator of text deltas (``streaming``) or ``CHUNK_DONE`` cuts,
         and events; the chat-completion dict is in :attr:`last_response` at its end."""
         with self.one_call():
             yield from self._run_call(messages, max_tokens, tools, sampling, streaming)
@@ -96,7 +96,7 @@ class CallLoop:
         call's own messages (the question the search serves): restart it at a cut before them."""
         compactor, ctx = self.parts.compactor, self.parts.ctx
         p = compactor.prep
-        if p is not None and any(e.tidx >= first for e in ctx.entries[:p.mark] if not e.summary):
+        if p is not None and any(e.tidx >= first for e in ctx.entries[:p.cut] if not e.summary):
             compactor.cancel("question_in_use")
 
     def _probe_if_due(self):
@@ -105,7 +105,7 @@ class CallLoop:
         if trigger is None:
             return
         compactor = parts.compactor
-        verdict = parts.prober.run(trigger, has_cut=parts.ctx.choose_mark(parts.keep_recent, parts.min_span) is not None,
+        verdict = parts.prober.run(trigger, has_cut=parts.ctx.choose_cut(parts.keep_recent, parts.min_span) is not None,
                                    committing=compactor.prep is not None and compactor.prep.commit_trigger is not None)
         yield from parts.outbox.drain()
         if verdict == "COMPRESS":

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..chat.template import common_prefix_len, is_safe_cut
-from ..compaction.marks import MsgInfo, choose_mark
+from ..compaction.cut_rules import MsgInfo, choose_cut
 from ..engine.port import engine_errors
 
 
@@ -77,12 +77,12 @@ class Context:
             return self.partial.start_tok
         return self.n
 
-    def mark_tok(self, mark: int) -> int:
-        return self.entries[mark].start_tok if mark < len(self.entries) else self.end_tok()
+    def cut_token(self, cut: int) -> int:
+        return self.entries[cut].start_tok if cut < len(self.entries) else self.end_tok()
 
-    def mark_char(self, mark: int) -> int:
-        if mark < len(self.entries):
-            return self.entries[mark].start_char
+    def cut_character(self, cut: int) -> int:
+        if cut < len(self.entries):
+            return self.entries[cut].start_char
         return self.partial.start_char if self.partial is not None else len(self.text)
 
     def prefix_tok(self) -> int:
@@ -94,7 +94,7 @@ class Context:
         return self.end_tok()
 
     def prefix_char(self) -> int:
-        return self.mark_char(self.n_prefix)
+        return self.cut_character(self.n_prefix)
 
     def msg_infos(self) -> List[MsgInfo]:
         out, pending = [], []
@@ -114,10 +114,10 @@ class Context:
                                open_after=bool(pending)))
         return out
 
-    def choose_mark(self, keep_recent: int, min_span: int) -> Optional[int]:
+    def choose_cut(self, keep_recent: int, min_span: int) -> Optional[int]:
         if len(self.entries) <= self.n_prefix or self.entries[self.n_prefix].start_tok is None:
             return None
-        return choose_mark(self.msg_infos(), self.n_prefix, keep_recent, min_span=min_span,
+        return choose_cut(self.msg_infos(), self.n_prefix, keep_recent, min_span=min_span,
                            extra_tail=self.n - self.end_tok())
 
     # ------------------------------------------------------------------ incremental rendering
@@ -239,18 +239,18 @@ class Context:
         return self.text[self.partial.gen_char:] if self.partial is not None else ""
 
     # ------------------------------------------------------------------ after a swap
-    def span(self, mark: int) -> Tuple[int, int, int, int]:
-        """``(prefix_tok, mark_tok, prefix_char, mark_char)`` of ``entries[n_prefix:mark]``."""
-        return self.prefix_tok(), self.mark_tok(mark), self.prefix_char(), self.mark_char(mark)
+    def span(self, cut: int) -> Tuple[int, int, int, int]:
+        """``(prefix_tok, cut_token, prefix_char, cut_character)`` of ``entries[n_prefix:cut]``."""
+        return self.prefix_tok(), self.cut_token(cut), self.prefix_char(), self.cut_character(cut)
 
-    def replaced(self, mark: int, span: Tuple[int, int, int, int], entry: Optional[Entry], r_text: str,
+    def replaced(self, cut: int, span: Tuple[int, int, int, int], entry: Optional[Entry], r_text: str,
                  n_repl: int) -> None:
-        """``entries[n_prefix:mark]`` (at ``span``, taken before the swap) were replaced in the sequence by
+        """``entries[n_prefix:cut]`` (at ``span``, taken before the swap) were replaced in the sequence by
         ``r_text`` (``n_repl`` tokens) and ``entry`` (the summary, or None for a drop): shift what follows."""
-        prefix_tok, mark_tok, prefix_char, mark_char = span
-        d_tok, d_char = prefix_tok + n_repl - mark_tok, prefix_char + len(r_text) - mark_char
-        self.text = self.text[:prefix_char] + r_text + self.text[mark_char:]
-        for e in self.entries[mark:]:
+        prefix_tok, cut_token, prefix_char, cut_character = span
+        d_tok, d_char = prefix_tok + n_repl - cut_token, prefix_char + len(r_text) - cut_character
+        self.text = self.text[:prefix_char] + r_text + self.text[cut_character:]
+        for e in self.entries[cut:]:
             e.start_char += d_char
             if e.start_tok is not None:
                 e.start_tok += d_tok
@@ -265,7 +265,7 @@ class Context:
         if entry is not None:
             entry.start_char, entry.start_tok = prefix_char, prefix_tok
             head.append(entry)
-        self.entries = head + self.entries[mark:]
+        self.entries = head + self.entries[cut:]
 
     def heal(self) -> None:
         """Give the sequence back the tokens a failed in-place swap could not restore (``lost``), before

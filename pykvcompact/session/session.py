@@ -232,7 +232,7 @@ class Session:
         was = set(self._transcript.pinned)
         self._transcript.pin(message_index)
         p, new = self._compactor.prep, self._transcript.pinned - was
-        if p is not None and new and not any(e.tidx in new for e in self._ctx.entries[p.mark:] if not e.summary):
+        if p is not None and new and not any(e.tidx in new for e in self._ctx.entries[p.cut:] if not e.summary):
             self._compactor.cancel("pinned")  # planned before the pin: it would summarize the message
 
     def save(self, path) -> None:

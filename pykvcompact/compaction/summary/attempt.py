@@ -42,7 +42,7 @@ def validate(text: Optional[str], n_tokens: int, finish_reason: Optional[str], e
 
 
 class Attempt:
-    """One summary generation on a fork: ``fork.tokens == history[:mark]``; appends ``prompt_tokens`` then
+    """One summary generation on a fork: ``fork.tokens == history[:cut]``; appends ``prompt_tokens`` then
     generates at most ``max_tokens``. Background attempts use ``append_background``/``generate_background``
     (rows interleaved with the foreground), synchronous ones ``append``/``generate``."""
 

@@ -1,4 +1,4 @@
-"""One summary of the history up to a mark: fork, attempts, retry, fallback — the same code whether it
+"""One summary of the history up to a cut: fork, attempts, retry, fallback — the same code whether it
 runs synchronously (``fixed``/``hard``/``rubric``/``tool``) or in the background.
 
 ``wait()`` always returns a :class:`Summary` — the model's, or the deterministic fallback when the
@@ -31,7 +31,7 @@ class Summary:
 
 
 class SummaryJob:
-    """``fork_at(mark_tok)`` gives a fork cut at the mark; ``prompt(shorter)`` the summarizer prompt tokens
+    """``fork_at(cut_token)`` gives a fork cut at the cut; ``prompt(shorter)`` the summarizer prompt tokens
     (ending with the generation prompt and the prefilled first heading); ``fallback(reason)`` the
     deterministic text; ``emit`` receives ``SummaryFailed`` events.  ``skip``: why the model is not asked at
     all (``skip_reason``: ``no_time`` before the window edge, or ``uninformative``: its last summaries said

@@ -22,7 +22,7 @@ from .shares import SummaryShares
 
 @dataclass
 class Plan:
-    """What a summary of ``entries[n_prefix:mark]`` is made of, besides the model's text."""
+    """What a summary of ``entries[n_prefix:cut]`` is made of, besides the model's text."""
     kept: list        # messages kept verbatim (Candidates)
     overflow: list    # user messages over budget (handed to the summarizer)
     carried: str      # the earlier summaries' text, carried forward
@@ -38,16 +38,16 @@ def first_user(transcript: List[dict]) -> Optional[int]:
                  if m.get("role") == "user" and not m.get("summary")), None)
 
 
-def plan_summary(ctx: Context, transcript: Transcript, meta: Dict[int, SummaryMeta], mark: int, *,
+def plan_summary(ctx: Context, transcript: Transcript, meta: Dict[int, SummaryMeta], cut: int, *,
                  shares: SummaryShares, notes: Dict[int, List[str]], tight: bool) -> Plan:
-    """What a summary of ``entries[n_prefix:mark]`` carries: the messages kept verbatim, the user
+    """What a summary of ``entries[n_prefix:cut]`` carries: the messages kept verbatim, the user
     messages over budget (handed to the summarizer), the earlier summaries' text, their standing
     instructions and their key results (carried forward with priority), then the span's own results.
     ``meta``: what each summary message holds, by ``id`` of the message; ``notes``: the model's notes of
     tool results, by transcript index; ``tight``: keep nothing verbatim."""
     first = first_user(transcript.messages)
     cands, carried, standing, results, span, left_out = [], [], [], [], [], 0
-    for e in ctx.entries[ctx.n_prefix:mark]:
+    for e in ctx.entries[ctx.n_prefix:cut]:
         if e.summary:
             summary_meta = meta.get(id(e.msg), SummaryMeta())
             # a message kept here as a plain user message may have been pinned since: it is one now
@@ -72,7 +72,7 @@ def plan_summary(ctx: Context, transcript: Transcript, meta: Dict[int, SummaryMe
     else:
         kept, overflow = plan_kept(cands, shares.users(), must_limit=shares.musts(),
                                    count=lambda text: len(ctx.tok(text)))
-    found = res.extract(span, [e.msg for e in ctx.entries[:mark]], notes)
+    found = res.extract(span, [e.msg for e in ctx.entries[:cut]], notes)
     carried = informative("\n".join(c for c in carried if c.strip()))   # (a body logged before novelty.py)
     return Plan(kept, overflow, carried, merge_standing(standing), res.merge(results, found), left_out,
                 list(results))

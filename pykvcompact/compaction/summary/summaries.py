@@ -86,22 +86,22 @@ class SummaryMaker:
         content = self.transcript.messages[i].get("content") if i is not None else ""
         return content if isinstance(content, str) else ""
 
-    def plan(self, mark: int) -> Plan:
-        """What a summary of ``entries[n_prefix:mark]`` carries (:func:`~.plan.plan_summary`)."""
-        return plan_summary(self.ctx, self.transcript, self.meta, mark, shares=self.shares, notes=self.notes.notes,
+    def plan(self, cut: int) -> Plan:
+        """What a summary of ``entries[n_prefix:cut]`` carries (:func:`~.plan.plan_summary`)."""
+        return plan_summary(self.ctx, self.transcript, self.meta, cut, shares=self.shares, notes=self.notes.notes,
                             tight=self.tight)
 
     # ------------------------------------------------------------------ the job
-    def start(self, mark: int, instructions: Optional[str], *, background: bool,
+    def start(self, cut: int, instructions: Optional[str], *, background: bool,
               affordable: Optional[int] = None, trigger: str = "") -> SummaryJob:
-        """A summary of ``entries[n_prefix:mark]``.  ``affordable``: the summary tokens the model can write
+        """A summary of ``entries[n_prefix:cut]``.  ``affordable``: the summary tokens the model can write
         in the time left (background mode, measured); the model writes at most that many, and none when
         that is below :data:`MIN_MODEL_TOKENS` (the extractive summary then serves at once).  A ``manual``
         or ``tool`` compaction, or one with ``instructions``, always asks the model (its summary is the
         point of the call: only the model can follow the instructions)."""
         ctx = self.ctx
-        mark_tok = ctx.mark_tok(mark)
-        plan = self.plan(mark)
+        cut_token = ctx.cut_token(cut)
+        plan = self.plan(cut)
         kept, overflow, carried, standing = plan.kept, plan.overflow, plan.carried, plan.standing
         self.summarized_users.extend(c.tidx for c in overflow)
         musts = [c for c in overflow if c.pinned or c.first]
@@ -116,7 +116,7 @@ class SummaryMaker:
                                                 reason))
         count = lambda t: len(ctx.tok(t))  # noqa: E731
         listed, omitted = budget_items([c.content for c in overflow], self.shares.listed(), count)
-        base = ctx.views()[:mark]
+        base = ctx.views()[:cut]
 
         def prompt(shorter: bool) -> List[int]:
             req = {"role": "user", "content": summarizer_request(
@@ -129,11 +129,11 @@ class SummaryMaker:
 
         def fork_at():
             f = ctx.seq.fork()
-            f.truncate(mark_tok)
+            f.truncate(cut_token)
             return f
 
         # (an earlier summary is carried on its own: the fallback does not quote it again)
-        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:mark] if not e.summary]
+        msgs = [e.msg for e in ctx.entries[ctx.n_prefix:cut] if not e.summary]
         budget = self.shares.text()   # the model writes first; the copied lines fit in what is left
         writes = budget if affordable is None else min(budget, affordable)
         skip, skip_reason = "", ""
@@ -146,7 +146,7 @@ class SummaryMaker:
                                  "does not carry anyway: the extractive summary is used", "uninformative")
         over, spare = [c.content for c in overflow], self.shares.spare(kept)
         # a fallback's standing instructions beyond its budget only while the swap still gains clearly
-        p_tok, m_tok = ctx.span(mark)[:2]
+        p_tok, m_tok = ctx.span(cut)[:2]
         spare = max(0, min(spare, (m_tok - p_tok) // 2 - sum(c.tokens for c in kept) - self.shares.text() - 64))
         return SummaryJob(summarizer=self.summarizer, fork_at=fork_at, prompt=prompt,
                           fallback=lambda reason: fallback_text(msgs, reason, budget, count, over, spare),
@@ -170,11 +170,11 @@ class SummaryMaker:
         return min(ASK_AGAIN_MAX, ASK_AGAIN_AFTER << min(extra, 8))
 
     # ------------------------------------------------------------------ the replacement
-    def replacement(self, mark: int, summary: Summary, level: int = 0) -> Replacement:
-        """The summary message for ``entries[n_prefix:mark]``.  ``level`` > 0: a smaller plan, for a swap
+    def replacement(self, cut: int, summary: Summary, level: int = 0) -> Replacement:
+        """The summary message for ``entries[n_prefix:cut]``.  ``level`` > 0: a smaller plan, for a swap
         whose rebased context did not fit the pool (1: no carried text, a shorter summary; 2: only the
         user budget kept verbatim; 3: the standing instructions and a short summary only)."""
-        plan = self.plan(mark)
+        plan = self.plan(cut)
         kept, carried, old_standing = plan.kept, plan.carried, plan.standing
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
@@ -205,7 +205,7 @@ class SummaryMaker:
         # budget only), then the tools' outputs (copied lines: results.py).  The copied lines take at most a
         # quarter of what the span held, so a short span still gains, unless the earlier summaries listed
         # more: those lines are in the span already.
-        p_tok, m_tok = self.ctx.span(mark)[:2]
+        p_tok, m_tok = self.ctx.span(cut)[:2]
         cap = max(0, (m_tok - p_tok) // 4)
         if level == 0 and plan.prior:
             cap = max(cap, count(res.section(plan.prior)))
@@ -237,7 +237,7 @@ class SummaryMaker:
         while True:
             content = compose(header, kept, carried, rest, standing, res.section(results, dropped, self.searchable))
             msg = {"role": "user", "content": content, "summary": True}
-            replacement = self._rendered(mark, msg)
+            replacement = self._rendered(cut, msg)
             if limit is None or len(replacement.tokens) <= limit or not (results or dropped):
                 break
             if results:   # a long header (the history path): fewer results, the last tier first
@@ -250,7 +250,7 @@ class SummaryMaker:
         body = carried + "\n" + ("" if summary.fallback else rest)
         self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results, dropped)
         if level < MAX_SHRINK:
-            replacement.smaller = lambda: self.replacement(mark, summary, level + 1)
+            replacement.smaller = lambda: self.replacement(cut, summary, level + 1)
         return replacement
 
     def _judge(self, summary: Summary, rest: str, plan: Plan) -> None:
@@ -272,15 +272,15 @@ class SummaryMaker:
         self.said_nothing = 0 if says_something_new(rest, known) else self.said_nothing + 1
         self.not_asked = 0
 
-    def _rendered(self, mark: int, msg: dict) -> Replacement:
-        """The replacement of ``entries[n_prefix:mark]`` by ``msg``, rendered after the prefix."""
+    def _rendered(self, cut: int, msg: dict) -> Replacement:
+        """The replacement of ``entries[n_prefix:cut]`` by ``msg``, rendered after the prefix."""
         view = view_of(msg)
         ctx = self.ctx
         pre = ctx.views()[:ctx.n_prefix]
         before = ctx.render(pre)
         after = ctx.render(pre + [view])
         r_text = after[len(before):] if after.startswith(before) else after[common_prefix_len(before, after):]
-        return Replacement(mark, msg, view, r_text, ctx.tok(r_text))
+        return Replacement(cut, msg, view, r_text, ctx.tok(r_text))
 
     def kept_tokens(self, msg) -> int:
         """Tokens of the messages a summary message carries verbatim (the cost of keeping them)."""

@@ -45,9 +45,9 @@ def cut_allowed(msgs: Sequence[MsgInfo], m: int) -> bool:
     return msgs[m].role != "tool" and msgs[m].cut_ok
 
 
-def choose_mark(msgs: Sequence[MsgInfo], n_prefix: int, keep_recent_tokens: int, *, min_span: int = 1,
+def choose_cut(msgs: Sequence[MsgInfo], n_prefix: int, keep_recent_tokens: int, *, min_span: int = 1,
                 extra_tail: int = 0) -> Optional[int]:
-    """The snapshot mark: summarize ``msgs[n_prefix:mark]``, keep ``msgs[mark:]`` raw.
+    """The snapshot cut: summarize ``msgs[n_prefix:cut]``, keep ``msgs[cut:]`` raw.
 
     The largest allowed cut that leaves at least ``keep_recent_tokens`` raw (``extra_tail`` counts tokens
     after the last message, e.g. a reply being generated) and covers at least ``min_span`` tokens of
@@ -91,4 +91,4 @@ def drop_plan(msgs: Sequence[MsgInfo], n_prefix: int, need_tokens: int) -> Optio
     return None
 
 
-__all__ = ["MsgInfo", "starts", "cut_allowed", "choose_mark", "drop_plan"]
+__all__ = ["MsgInfo", "starts", "cut_allowed", "choose_cut", "drop_plan"]
