@@ -15,10 +15,6 @@ def set_enabled(flag: bool) -> None:
     _enabled = bool(flag)
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 class _Silent:
     def update(self, n=1):
         pass
