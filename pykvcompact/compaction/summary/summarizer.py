@@ -93,7 +93,7 @@ def _request_line(label: str, content: str) -> str:
 def without_repeated_requests(text: str, whole: Sequence[str]) -> str:
     """A fallback summary's text without its "Last/First user request" lines for the user messages in
     ``whole`` (those the summary message finally carries verbatim: kept messages, standing instructions):
-    said once, not twice (measured: 25 of a fallback's ~350 tokens on the transcript episodes).  Decided when
+    said once, not twice (measured: 25 of a fallback's ~350 tokens on the ledger episodes).  Decided when
     the message is composed, as a smaller rebased context may drop kept messages and a "none" line is not
     kept as an instruction: then the request line is the message's only copy."""
     repeats = {_request_line(label, t) for t in whole for label in _REQUEST_CHARS}
