@@ -483,3 +483,34 @@ def test_tool_mode_is_the_tool_alone_with_hard_as_safety_net(tmp_path):
     assert s.call_tool() != compaction_tool.NOTHING_TO_COMPACT or "compaction_skipped" in names(s)
     eng, n = make("none", tmp_path=tmp_path, compact_tool=True)
     assert n._tools.in_effect is None                                           # truncation offers no tool
+
+
+@pytest.mark.parametrize("form", ["wrapped", "flat"])
+@pytest.mark.parametrize("name", [compaction_tool.NAME, "search_history"])
+def test_a_session_tool_name_the_callers_tools_define_is_the_callers_in_either_form(tmp_path, form, name):
+    """``tools=`` in a call may use the flat form ``{"name", "parameters"}`` too: a call to a name the caller
+    defines is handed back to the caller, never run by the session."""
+    def responder(prompt):
+        if "CALLME" in prompt.rsplit("<|im_start|>user\n", 1)[-1]:
+            return '<tool_call>\n{"name": "%s", "arguments": {}}\n</tool_call>' % name
+        return default_responder(prompt)
+    flat = {"name": name, "description": "the caller's own", "parameters": {"type": "object", "properties": {}}}
+    tools = [flat if form == "flat" else {"type": "function", "function": flat}]
+    eng = FakeEngine(n_ctx=8192, responder=responder)
+    s = pk.Session(eng, system="sys", history_dir=str(tmp_path), policy=pk.Policy(mode="tool", window=2048))
+    s.chat("hello", max_tokens=8)
+    r = s.chat("CALLME", max_tokens=40, tools=tools)["choices"][0]
+    assert r["finish_reason"] == "tool_calls" and r["message"]["tool_calls"][0]["function"]["name"] == name
+    assert not [e for e in s.events if e.name in ("rebased", "compaction_skipped", "tool_refused")]
+    s.close()
+
+
+def test_tools_assigned_after_construction_are_used_by_the_next_call(tmp_path):
+    eng, s = make("tool", tmp_path=tmp_path, compact_tool=True, window=2000)
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    s.tools = [lookup]
+    s.chat("hi", max_tokens=4)
+    assert [t["function"]["name"] for t in s.tools_in_effect][:1] == ["lookup"] and "lookup" in s.render()
+    with pytest.raises(Exception):
+        s.tools = [{"type": "function"}]          # checked like the constructor's
+    assert s.tools == [lookup]

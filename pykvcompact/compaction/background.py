@@ -263,7 +263,7 @@ class Background:
             self.cancel("asks_model")
 
     def compress(self) -> bool:
-        """A COMPRESS verdict: cut the preparation (started now, at a cut worth summarizing, if there is
+        """A COMPRESS verdict: mark the preparation (started now, at a cut worth summarizing, if there is
         none) for a commit once caught up.  False when there is nothing to summarize."""
         if self.prep is None:
             self.start("compress")  # a cut worth summarizing (min_span), or nothing

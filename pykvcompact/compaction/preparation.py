@@ -1,4 +1,4 @@
-"""A background preparation: a :class:`SummaryJob` on a fork cut at the cut, then the rebased context
+"""A background preparation: a :class:`SummaryJob` on a fork of the live sequence up to the cut, then the rebased context
 (``prefix + summary + raw tail``) prefilled with ``prepare_rebase`` and kept caught up by the engine.
 
 States: ``summarizing`` -> ``ready`` (summary and replacement built; rebase being prefilled, or not

@@ -28,7 +28,7 @@ Why a ``tool`` message named ``search_history``: it is what the tool returns, so
 lookup and not as something the user said (a summary keeps the user's messages verbatim, by role; a tool
 output is never one of them), later searches skip it (they would echo its lines ahead of the originals),
 and a cut never separates it from the message it follows (no cut lands before a tool message).  The
-``recall`` flag cuts it for everything else (``results.py`` does not list it as a tool's output).
+``recall`` flag marks it for everything else (``results.py`` does not list it as a tool's output).
 
 What is never done: deciding by wording.  No list of words that "matter" — a plain word ("total",
 "config", "failed") is not a name, whatever it means, and a message that names nothing recalls nothing.

@@ -1,5 +1,5 @@
 """The session layer: the Session facade (session.py) and its call loop, live context, reply turn,
-transcript transcript, write-ahead journal, history file, persistence and sizing.
+transcript, write-ahead journal, history file, persistence and sizing.
 
 ``Session``, ``ContextWindowError`` and ``CHUNK_DONE`` are names the module ``pykvcompact.session`` had
 before it became this package."""

@@ -69,7 +69,7 @@ class CallLoop:
             self.parts.compactor.call_tidx = None
 
     def run(self, messages, max_tokens, tools, sampling, streaming):
-        """One ``chat``/``stream`` call: a generator of text deltas (``streaming``) or ``CHUNK_DONE`` cuts,
+        """One ``chat``/``stream`` call: a generator of text deltas (``streaming``) or ``CHUNK_DONE`` marks,
         and events; the chat-completion dict is in :attr:`last_response` at its end."""
         with self.one_call():
             yield from self._run_call(messages, max_tokens, tools, sampling, streaming)

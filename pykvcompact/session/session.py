@@ -66,7 +66,7 @@ class Session:
         self.history = HistoryFile(history_dir, self.session_id)
         self.history_path = str(self.history.path)
         self.history.check_writable()
-        self.tools = check_tools(tools)
+        caller_tools = check_tools(tools)
         self.template = template or ChatTemplate.from_engine(engine)
         if self.template.fallback_reason:
             warnings.warn(f"the model's chat template cannot be rendered ({self.template.fallback_reason}); "
@@ -78,7 +78,7 @@ class Session:
         self._closed = False
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._transcript = Transcript(self.history, _resume or Journal(self.log_path))
-        self._tools = SessionTools(self.tools, policy.offers_tool, policy.offers_search)
+        self._tools = SessionTools(caller_tools, policy.offers_tool, policy.offers_search)
         self.window, cells = self._size()
         self.limits = policy.limits(self.window)
         check_base(engine, policy, self.limits, self.template, self._tools.in_effect, system)
@@ -107,7 +107,7 @@ class Session:
         try:
             if _resume is None:  # a new session (a same-id log restarts at this record)
                 self._transcript.journal.open(session_id=self.session_id, history_dir=str(history_dir),
-                                          policy=policy, tools=self.tools, cur_tools=self._tools.in_effect)
+                                          policy=policy, tools=self._tools.caller, cur_tools=self._tools.in_effect)
             if system is not None:
                 self._append({"role": "system", "content": system}, check_room=False)
                 self._ctx.n_prefix = 1
@@ -120,6 +120,15 @@ class Session:
     def events(self) -> List[ev.Event]:
         """Every event of this session, oldest first."""
         return self._outbox.events
+
+    @property
+    def tools(self) -> List[dict]:
+        """The caller's tools, used by every call that passes none (assign a new list to change them)."""
+        return self._tools.caller
+
+    @tools.setter
+    def tools(self, tools) -> None:
+        self._tools.set_caller(check_tools(tools))
 
     @property
     def last_response(self) -> Optional[dict]:

@@ -37,6 +37,11 @@ class SessionTools:
         self.caller_names = set(tool_names(caller_tools) or ())
         self.in_effect: Optional[List[dict]] = None
 
+    def set_caller(self, caller_tools: List[dict]) -> None:
+        """The caller's tools from the next call on."""
+        self.caller = caller_tools
+        self.caller_names = set(tool_names(caller_tools) or ())
+
     def for_call(self, override) -> Optional[List[dict]]:
         """The tools a call with ``tools=override`` renders (None: the session's own)."""
         return tools_in_effect(self.caller, override, self.offers_compact, self.offers_search)

@@ -31,7 +31,7 @@ class Summary:
 
 
 class SummaryJob:
-    """``fork_at(cut_token)`` gives a fork cut at the cut; ``prompt(shorter)`` the summarizer prompt tokens
+    """``fork_at(cut_token)`` gives a fork of the live sequence up to the cut; ``prompt(shorter)`` the summarizer prompt tokens
     (ending with the generation prompt and the prefilled first heading); ``fallback(reason)`` the
     deterministic text; ``emit`` receives ``SummaryFailed`` events.  ``skip``: why the model is not asked at
     all (``skip_reason``: ``no_time`` before the window edge, or ``uninformative``: its last summaries said

@@ -1,6 +1,6 @@
 """The summarizer: its prompt, the summary message, the deterministic fallback, and what starts attempts.
 
-The summarizer prompt is appended to a fork of the live sequence cut at the snapshot cut, so only the
+The summarizer prompt is appended to a fork of the live sequence up to the cut, so only the
 prompt is prefilled (the history's KV cells are shared).  An attempt (``attempt.py``) fails on an
 exception, an empty output, an over-length output (the ``summary_max_tokens`` budget ran out before the
 model ended the summary) or a timeout; the session retries once and then falls back to
