@@ -36,7 +36,7 @@ from .append import append_message
 from .arguments import check_arguments, check_labels, check_seconds, session_tool_call
 from .sizing import check_base, release, reserve, size_session
 from .outbox import Outbox
-from .tools import SessionTools, tools_in_effect
+from .tools import SessionTools
 from ..compaction.summary.summaries import SummaryMaker
 from ..compaction.summary.summarizer import Summarizer
 
@@ -79,7 +79,7 @@ class Session:
         self.log_path = str(log_path(self.history.dir, self.session_id))  # absolute: a later chdir moves neither
         self._transcript = Transcript(self.history, _resume or Journal(self.log_path))
         self._tools = SessionTools(caller_tools, policy.offers_tool, policy.offers_search)
-        self.window, cells = self._size()
+        self.window, cells = size_session(engine, policy, self.template, self.rubric, self.history_path, self._tools)
         self.limits = policy.limits(self.window)
         check_base(engine, policy, self.limits, self.template, self._tools.in_effect, system)
         self._cells_key = object()  # the reservation is released on close() or when the session is collected
@@ -336,15 +336,6 @@ class Session:
 
     def _emit(self, event: ev.Event):
         self._outbox.emit(event)
-
-    def _size(self):
-        """``(window, cells)``; may stop offering the search tool (see :func:`.sizing.size_session`)."""
-        tools = self._tools
-        window, cells, tools.offers_search = size_session(
-            self.engine, self.policy, self.template, self.rubric, self.history_path, tools.offers_search,
-            lambda offer: tools_in_effect(tools.caller, None, tools.offers_compact, offer))
-        tools.in_effect = tools.for_call(None)
-        return window, cells
 
     def _append(self, msg: dict, view: Optional[dict] = None, *, check_room: bool = True,
                 from_partial: bool = False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Callable, Optional
+from typing import Tuple
 
 from ..compaction.policy import SEARCH_MIN_WINDOW, reserve_cells, resolve_window, summary_budget
 from ..compaction.summary.summarizer import summarizer_request
@@ -71,22 +71,23 @@ def session_cells(engine, policy, template, tools, rubric: str, history_path: st
     return window, window + reserve_cells(policy, window, probe_tokens=probe, summarizer_tokens=summ)
 
 
-def size_session(engine, policy, template, rubric: str, history_path: str, offer_search: bool,
-                 tools_for: Callable[[bool], Optional[list]]):
-    """``(window, cells, offer_search)`` for a new session.  ``tools_for(offer_search)``: its tool list.
-    With ``history_tool=None`` and ``window=None`` the search tool is offered only if the window that fits
-    with it is at least SEARCH_MIN_WINDOW (else it would take a large share of a small window, or keep the
-    session from opening at all)."""
-    auto = policy.history_tool is None and policy.window is None and offer_search
+def size_session(engine, policy, template, rubric: str, history_path: str, tools) -> Tuple[int, int]:
+    """``(window, cells)`` for a new session whose tools are ``tools`` (session/tools.py's SessionTools: its
+    ``offers_search`` and ``in_effect`` are settled here).  With ``history_tool=None`` and ``window=None`` the
+    search tool is offered only if the window that fits with it is at least SEARCH_MIN_WINDOW (else it
+    would take a large share of a small window, or keep the session from opening at all)."""
+    auto = policy.history_tool is None and policy.window is None and tools.offers_search
     try:
-        window, cells = session_cells(engine, policy, template, tools_for(offer_search), rubric, history_path)
+        window, cells = session_cells(engine, policy, template, tools.for_call(None), rubric, history_path)
         if not auto or window >= SEARCH_MIN_WINDOW:
-            return window, cells, offer_search
+            tools.in_effect = tools.for_call(None)
+            return window, cells
     except ValueError:
         if not auto:
             raise
-    window, cells = session_cells(engine, policy, template, tools_for(False), rubric, history_path)
-    return window, cells, False
+    tools.offers_search = False
+    tools.in_effect = tools.for_call(None)
+    return session_cells(engine, policy, template, tools.in_effect, rubric, history_path)
 
 
 def resolve_session_window(engine, policy, template, tools, rubric: str, history_path: str) -> int:
