@@ -39,7 +39,7 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
                                    std::to_string(need) + " KV cells needed, " + std::to_string(kv_->free_for(0)) +
                                    " free of n_ctx=" + std::to_string(n_ctx_) + " (one pool shared by all sequences" +
                                    (kv_->reserved_cells() ? ", less " + std::to_string(kv_->reserved_cells()) +
-                                    " promised to appends still running: wait for them" : std::string()) +
+                                    " promised to appends and replies still running: wait for them" : std::string()) +
                                    "); close sequences or use a larger n_ctx");
         }
         auto t = std::make_unique<PrefillTask>(kind, h, tokens, all_logits);
@@ -69,7 +69,7 @@ std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token
             throw ContextFullError("cannot probe with " + std::to_string(tokens.size()) + " tokens: " +
                                    std::to_string(tokens.size() + 1) + " KV cells needed, " +
                                    std::to_string(kv_->free_for(0)) + " free of n_ctx=" + std::to_string(n_ctx_) +
-                                   (kv_->reserved_cells() ? " (less those promised to appends still running)" : ""));
+                                   (kv_->reserved_cells() ? " (less those promised to appends and replies still running)" : ""));
         }
         SeqState & fork = kv_->fork(h, true);
         kv_->counters().forks += 1;
@@ -182,6 +182,15 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
         auto t = std::make_unique<GenerateTask>(kind, h, max_tokens, vocab_, p, stop_tokens, stop_strings);
         auto job = t->job;
         kv_->enqueue(s, *t, kind == RowKind::Background);
+        if (kind != RowKind::Background) {
+            // a reply keeps the cells it may write (as many as are free now, up to max_tokens and n_ctx):
+            // background work started later never makes it end early with context_full
+            const size_t room = (size_t) n_ctx_ - std::min((size_t) n_ctx_, s.size());
+            const size_t promise = std::min({(size_t) std::max(0, max_tokens) + (s.fully_evaluated() ? 0 : 1),
+                                             kv_->free_for(0), room});
+            t->reserved = promise;
+            kv_->reserve(promise);
+        }
         submit(std::move(t));
         return job;
     }, kind != RowKind::Background);

@@ -66,8 +66,8 @@ public:
 
     // ---- cells
     size_t free_cells() const { return n_ctx_ - ledger_.used(); }
-    // Cells promised to foreground appends still running: background work never takes them, so an
-    // append accepted when submitted cannot run out of cells half-way (a partial prompt).
+    // Cells promised to foreground appends and replies still running: background work never takes them, so an
+    // append accepted when submitted cannot run out of cells half-way (a partial prompt), nor a reply end early.
     void reserve(size_t n) { reserved_ += n; }
     void unreserve(size_t n) { reserved_ -= std::min(reserved_, n); }
     size_t reserved_cells() const { return reserved_; }
@@ -141,7 +141,7 @@ private:
     std::map<uint64_t, RollbackPoint> rollback_;
     bool can_redecode_;
     int inject_count_ = 0, inject_rc_ = 0, inject_min_rows_ = 1;
-    size_t reserved_ = 0;   // cells promised to running foreground appends (reserve)
+    size_t reserved_ = 0;   // cells promised to running foreground appends and replies (reserve)
     EngineCounters counters_;
 };
 

@@ -15,7 +15,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 std::string context_full_msg(KvBook & kv, size_t need) {
     return "KV cache full: " + std::to_string(need) + " new cells needed, " + std::to_string(kv.free_for(0)) +
            " free of n_ctx=" + std::to_string(kv.n_ctx()) + " (one pool shared by all sequences" +
-           (kv.reserved_cells() ? ", less " + std::to_string(kv.reserved_cells()) + " promised to appends still running"
+           (kv.reserved_cells() ? ", less " + std::to_string(kv.reserved_cells()) + " promised to appends and replies still running"
                                 : std::string()) +
            "). Close or truncate sequences, or create the Engine with a larger n_ctx.";
 }
@@ -155,13 +155,15 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
     if (generated >= max_tokens) { complete(kv, "length"); return 0; }
     if (!s->logits_valid) {
         // After a truncate, a splice or a failed decode the last token is decoded again, once.
-        if (!s->fully_evaluated() && !fits(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
-        if (s->fully_evaluated()) kv.unevaluate_last(*s);
+        if (!s->fully_evaluated() && !fits_promised(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
+        if (s->fully_evaluated()) kv.unevaluate_last(*s);   // (gives its cell back first: no new cell)
+        else step_cells = 1;
         sampled_token = -1;
         row = kv.add_pending_row(*s, true, kind);
         return 1;
     }
-    if (!fits(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
+    if (!fits_promised(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
+    step_cells = 1;
     const llama_token t = retry_token >= 0 ? retry_token : sampler.sample(kv.logits(*s), kv.n_vocab());
     retry_token = -1;
     if (t < 0 || llama_vocab_is_eog(kv.vocab(), t)) { complete(kv, "stop"); return 0; }
@@ -170,7 +172,15 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
     return 1;
 }
 
+bool GenerateTask::fits_promised(KvBook & kv, const SeqState & s, size_t n) const {
+    return kv.free_for(reserved) >= n && s.size() + n <= kv.n_ctx();
+}
+
 void GenerateTask::after_decode(KvBook & kv) {
+    const size_t used = std::min(reserved, step_cells);   // the promised cell this step took
+    kv.unreserve(used);
+    reserved -= used;
+    step_cells = 0;
     SeqState * s = kv.find(handle);
     if (s && row >= 0) kv.set_logits_row(*s, row);
     row = -1;

@@ -117,19 +117,25 @@ struct GenerateTask : Task {
     // a seeded sampler would draw from a state that has moved on, so the same seed gave other tokens.
     llama_token retry_token = -1;
     int row = -1;
+    size_t reserved = 0;     // cells still promised to this reply (KvBook::reserve): foreground only
+    size_t step_cells = 0;   // the cell this step's row takes (released from the promise once decoded)
 
     bool single_row() const override { return true; }
     bool has_work(KvBook & kv) override { return !finished; }
     int add_rows(KvBook & kv, int budget) override;
     void after_decode(KvBook & kv) override;
+    void save_cursor() override { step_cells = 0; }
     void restore_cursor() override {
         if (sampled_token >= 0) retry_token = sampled_token;
         sampled_token = -1;
         row = -1;
+        step_cells = 0;
     }
+    void release(KvBook & kv) override { kv.unreserve(reserved); reserved = 0; }
 
 private:
     bool hit_stop_string(KvBook & kv, llama_token t);
+    bool fits_promised(KvBook & kv, const SeqState & s, size_t n) const;   // within the free cells and this reply's
 };
 
 // Builds, on a shadow sequence, tokens[:keep_prefix] + replacement + tokens[keep_from:] of the main

@@ -7,6 +7,7 @@ import time
 import pytest
 
 import pykvcompact as pk
+from pykvcompact.engine.sequence import FOREGROUND
 from conftest import text_tokens
 
 
@@ -149,5 +150,49 @@ def test_an_append_after_a_last_token_without_its_cell_counts_that_cell(tiny_mod
         assert len(a) == 30
         a.append(prompt[:-1])
         assert len(a) == 30 + len(prompt) - 1 and len(other) == 60
+    finally:
+        eng.close()
+
+
+def test_a_reply_keeps_the_cells_it_may_write(tiny_model_path):
+    # a background generation started beside a foreground reply takes a cell each step too: before, the two
+    # shared what was free and the reply ended early with context_full, half its tokens unwritten
+    eng = _engine(tiny_model_path)
+    try:
+        main = eng.sequence(text_tokens(eng, 40, seed=1))
+        bg = eng.sequence(text_tokens(eng, 20, seed=2))
+        n = eng.free_cells() - 4
+        reply = eng.native().seq_generate(main.id, n, 0.0, 1.0, 0, [], [], "", FOREGROUND)  # not waited for
+        job = bg.generate_background(10_000)
+        assert reply.wait(120)
+        assert reply.finish_reason() == "length" and len(reply.tokens()) == n
+        job.result(timeout=60)
+        assert job.finish_reason == "context_full" and len(bg) < 20 + 4 + 1
+        assert eng.used_cells() <= eng.n_ctx
+        bg.close()
+        _every_free_cell_is_usable(eng)   # and nothing stays promised after the reply
+    finally:
+        eng.close()
+
+
+def test_a_reply_that_stops_early_gives_back_what_it_was_promised(tiny_model_path):
+    eng = _engine(tiny_model_path)
+    try:
+        main = eng.sequence(text_tokens(eng, 40, seed=1))
+        job = main.generate_background(1)   # (a background generation promises nothing)
+        job.result(timeout=30)
+        for stop in ("cancel", "close"):
+            a = eng.sequence(text_tokens(eng, 8, seed=3))
+            reply = eng.native().seq_generate(a.id, eng.free_cells(), 0.0, 1.0, 0, [], [], "", FOREGROUND)
+            reply.wait_tokens(2, 30)
+            if stop == "cancel":
+                reply.cancel()
+            else:
+                a.close()
+            reply.wait(30)
+            if stop == "cancel":
+                a.close()
+        main.close()
+        _every_free_cell_is_usable(eng)
     finally:
         eng.close()
