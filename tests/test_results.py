@@ -2,6 +2,8 @@
 message (the model's or the fallback), carried from summary to summary, within the summary's budget."""
 from __future__ import annotations
 
+import pytest
+
 import pykvcompact as pk
 from pykvcompact.compaction.summary.summarizer import Summarizer
 from pykvcompact.compaction.policy import summary_message_budget
@@ -256,6 +258,32 @@ def test_a_fast_enough_model_still_writes_the_summary(tmp_path):
         s.chat([call(j, "list_transactions", page=j), out(j, page(j))], max_tokens=8)
     assert not failed(s, "no_time")
     assert any(e.name == "rebased" and not e.fallback for e in s.events)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_at_the_window_edge_the_model_is_asked_only_for_what_it_writes_within_max_stall(tmp_path, fast):
+    # the conversation waits for a swap at the edge: an uncapped summary would be abandoned at max_stall_ms,
+    # its attempt having slowed the steps the swap waits on (before, a full window always asked the model)
+    eng, s = background(tmp_path)
+    for j in range(4):
+        s.chat([call(j, "list_transactions", page=j), out(j, page(j))], max_tokens=8)
+    compactor = s._compactor
+    compactor.cancel(None)
+    compactor.background.paced = True
+    meter = compactor.meter
+    meter._prompt_s, meter._write, meter._growth, meter._prefill = (0.0, 1e6, 10.0, 1e6) if fast else (1.0, 5.0, 10.0, 1e6)
+    skips = compactor.background.skips
+    n_skipped = len(failed(s, "no_time"))
+    rebased = compactor.compact("window_full", edge=True)
+    assert rebased is not None and rebased.trigger == "window_full"
+    started = [e for e in s.events if e.name == "summary_started"][-1]
+    assert started.reason == "window_full"
+    skipped = failed(s, "no_time")[n_skipped:]
+    if fast:
+        assert not skipped                            # it can write in time: asked
+    else:
+        assert len(skipped) == 1 and skipped[0].attempt == 0 and rebased.fallback   # not asked
+        assert compactor.background.skips == skips    # (the schedule's retries count only its own starts)
 
 
 # ------------------------------------------------------------------ review of the first version (regressions)

@@ -17,6 +17,9 @@ from .summary.summaries import MIN_MODEL_TOKENS
 # rows per step for a preparation whose deadline is near (the engine's default is 8 next to the
 # conversation's decoding, 64 when it is idle): each row slows that step's decode (~3 ms a row here)
 DEADLINE_ROWS = 16
+# rows per step while the conversation waits at the window edge: the engine's whole background chunk (the
+# session polls the engine meanwhile, which would otherwise hold background work to its small busy chunk)
+EDGE_ROWS = 64
 # preparations the schedule starts (not a /compact or a tool call, which wait for the model's summary)
 PACED = ("soft", "schedule", "next_turns", "restart", "compress", "hard")
 SCHEDULED = ("soft", "schedule", "next_turns", "restart")   # swapped in when ``hard`` comes
@@ -40,7 +43,11 @@ class Background:
         self.missed = 0                  # model summaries in a row abandoned at the window edge (max_stall)
 
     def start(self, reason: str, instructions: Optional[str] = None, loose: bool = False,
-              keep_recent: Optional[int] = None, floor: bool = True) -> bool:
+              keep_recent: Optional[int] = None, floor: bool = True, edge: bool = False) -> bool:
+        """Start a preparation at the cut ``reason`` calls for; False when there is none worth it.  ``edge``:
+        the conversation waits for it now, so the model is asked only for what its measured pace writes
+        within ``max_stall_ms`` (an uncapped summary would be abandoned at that deadline, its attempt having
+        slowed the steps the swap waits on)."""
         if keep_recent is None and self.policy.mode == "background":
             keep_recent = self._keep_at_start(reason)
         cut = self.cuts.choose(loose, keep_recent, floor)
@@ -51,13 +58,18 @@ class Background:
         # after a few summaries without the model, ask it again uncapped: its pace is measured anew (the
         # machine may have quietened, the agent's tools may now leave the engine idle)
         paced = bg and reason in PACED and self.skips < self._retry_after()
+        at_edge = bg and edge and not instructions
+        if at_edge:
+            affordable = self.affordable(self.policy.max_stall_ms / 1000.0)
+        else:
+            affordable = self.affordable() if paced else None
         try:
-            job = self.maker.start(cut, instructions, background=bg, trigger=reason,
-                                   affordable=self.affordable() if paced else None)
+            job = self.maker.start(cut, instructions, background=bg, trigger=reason, affordable=affordable)
         except engine_errors():
             return False
         skipped = job.summary is not None and job.summary.reason == "no_time"
-        self.skips = self.skips + 1 if skipped else 0
+        if not (at_edge and skipped):   # (the schedule's retries count the preparations it started)
+            self.skips = self.skips + 1 if skipped else 0
         self.prep = Preparation(job, cut=cut, cut_token=ctx.cut_token(cut), prefix_tok=ctx.prefix_tok(),
                                 instructions=instructions, build=lambda s: self.maker.replacement(cut, s),
                                 reason=reason)
@@ -92,17 +104,22 @@ class Background:
         if m is not None and m < p.cut:
             self.cancel("keep_recent")
 
-    def affordable(self) -> Optional[int]:
+    def affordable(self, seconds: Optional[float] = None) -> Optional[int]:
         """Summary tokens the model can write before the window edge at the paces measured in this session
         — the conversation's growth, the summary prompt's time before its first token, the writing rate
         after it, the rebased context's prefill — with a margin; None until a model summary has missed the
         edge once (``paced``) or while a pace is unknown.  On a slow machine a full-size summary started at
         ``soft`` is never in by the edge (measured: 10 of 11 on Qwen2.5-Coder-1.5B, 2 cores, each abandoned
-        for the fallback after taking its rows): it is sized to what fits instead, or not asked for."""
+        for the fallback after taking its rows): it is sized to what fits instead, or not asked for.
+        ``seconds``: the time there is, when the edge is here (``max_stall_ms``)."""
         r = self.meter.rates()
-        if not self.paced or not r.growth_tok_s or r.summary_prompt_s is None:
+        if not self.paced or r.summary_prompt_s is None:
             return None
-        seconds = (self.limits.window - self.margin - len(self.ctx)) / r.growth_tok_s - r.summary_prompt_s
+        if seconds is None:
+            if not r.growth_tok_s:
+                return None
+            seconds = (self.limits.window - self.margin - len(self.ctx)) / r.growth_tok_s
+        seconds -= r.summary_prompt_s
         if r.prefill_tok_s:
             rows = summary_message_budget(self.policy, self.limits.window) + max(self.limits.keep_recent, r.turn_tokens)
             seconds -= rows / r.prefill_tok_s
@@ -290,6 +307,12 @@ class Background:
         itself while the conversation waits).  Then, or at once when the model's summary cannot be in by
         then, the fallback."""
         deadline = t0 + self.policy.max_stall_ms / 1000.0
+        p.set_rows(EDGE_ROWS)
+        if p.state == "summarizing" and p.fallback is None:
+            # the model may miss the deadline: the fallback's context prefills beside it, so that missing
+            # it costs the rest of that prefill, not all of it after the wait
+            p.prepare_fallback(self.ctx.seq, len(self.ctx), p.job.fallback_summary(), room=self.room_for,
+                               mode=self.policy.rebase)
         if not self._model_in_time(p):
             return p.use_fallback()
         while True:

@@ -142,7 +142,8 @@ class Compactor:
             p = None
         window_full = trigger == "window_full"
         if p is None and not background.start(trigger, instructions, loose=trigger in LOOSE or edge,
-                                              keep_recent=0 if window_full else None, floor=not window_full):
+                                              keep_recent=0 if window_full else None, floor=not window_full,
+                                              edge=edge):
             self._skip("no_cut_point", trigger)
             return None
         p = background.prep
