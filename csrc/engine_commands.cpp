@@ -207,7 +207,8 @@ std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, siz
                                         std::to_string(keep_prefix) + ", keep_from=" + std::to_string(keep_from) +
                                         ", len=" + std::to_string(m.size()));
         }
-        if (splice && !(can_shift_ && !recurrent_state())) {
+        // (M-RoPE positions are not one number: a shift would abort the process even if can_shift said yes)
+        if (splice && !(can_shift_ && !recurrent_state() && !mrope_)) {
             throw UnsupportedOperationError("mode='splice' shifts KV positions, which this model's memory cannot do "
                                             "(M-RoPE, recurrent or hybrid model); use mode='exact'");
         }

@@ -145,7 +145,7 @@ PYBIND11_MODULE(_native, m) {
             d["truncate"] = !e.recurrent_state();
             py::list modes; modes.append("exact");
             // splice removes a middle range and shifts positions: attention-only memories with shifting
-            if (e.can_shift() && !e.recurrent_state()) modes.append("splice");
+            if (e.can_shift() && !e.recurrent_state() && !e.mrope()) modes.append("splice");
             d["rebase_modes"] = py::tuple(modes);
             d["kv_unified"] = true;
             for (auto & [k, v] : strings) d[py::str(k)] = v;

@@ -264,3 +264,25 @@ def test_sliding_window_keeps_cells_past_the_window(eng, arch):
         assert s.pos_range() == (0, len(expect) - 1)
         with eng.sequence(expect) as fresh:
             assert np.allclose(s.logits(), fresh.logits(), atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["gemma2"])
+def test_sliding_window_fork_goes_on_exactly_after_its_source_and_shadow_are_freed(eng, arch):
+    """A prefix fork and a committed rebase share cells with sequences that are then closed: with the full
+    SWA cache nothing inside the window was purged meanwhile, so the fork continues without a hole."""
+    n_swa = eng.capabilities["n_swa"]
+    toks = tokens(eng, 3 * n_swa, seed=8)
+    s = eng.sequence(toks)
+    fork = s.fork(2 * n_swa)                        # shares the first 2 * n_swa cells with s
+    rebase = s.prepare_rebase(4, tokens(eng, 6, seed=9), n_swa)
+    assert rebase.wait(30)
+    s.commit_rebase(rebase)                         # the shadow it was built on is freed
+    s.close()                                       # and the source too: the fork alone holds its cells
+    with fork:
+        fork.append(toks[2 * n_swa:])
+        assert fork.pos_range() == (0, len(toks) - 1)
+        # the same batches on a sequence nobody shared: equal to the last bit (a hole would not be)
+        with eng.sequence(toks[:2 * n_swa]) as reference:
+            reference.append(toks[2 * n_swa:])
+            assert np.allclose(fork.logits(), reference.logits(), rtol=0, atol=1e-5)
+            assert fork.generate(4) == reference.generate(4)
