@@ -128,7 +128,7 @@ public:
     std::map<std::string, double> stats();
     std::map<std::string, long> tokens_per_sequence();
     size_t used_cells();
-    void inject_decode_failures(int count, int rc, int min_rows);  // tests: see KvBook::inject_failures
+    void inject_decode_failures(int count, int rc, int min_rows, bool after);  // tests: see KvBook::inject_failures
 
     // ---- persistence (engine_state.cpp): any thread
     SeqSnapshot seq_export(uint64_t h);

@@ -274,8 +274,8 @@ std::map<std::string, double> Engine::commit_rebase(uint64_t h, uint64_t id) {
 
 size_t Engine::used_cells() { return run_on_engine_thread([&] { return kv_->used_cells(); }); }
 
-void Engine::inject_decode_failures(int count, int rc, int min_rows) {
-    run_on_engine_thread([&] { kv_->inject_failures(count, rc, min_rows); });
+void Engine::inject_decode_failures(int count, int rc, int min_rows, bool after) {
+    run_on_engine_thread([&] { kv_->inject_failures(count, rc, min_rows, after); });
 }
 
 std::map<std::string, long> Engine::tokens_per_sequence() {

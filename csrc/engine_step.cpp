@@ -154,6 +154,12 @@ std::vector<Task *> Engine::build_batch(int budget, bool allow_background, bool 
             if (budget <= 0) break;
             // a background job on a deadline takes its own rows per step beyond the shared chunk
             const int own = t->urgent() ? 0 : t->job->rows_per_step();
+            if (const SeqState * lost = kv_->lost_claim(*t)) {
+                const std::string msg = lost_state_msg(lost->handle);
+                t->fail(*kv_, std::make_exception_ptr(EngineError(msg)), msg);
+                progress = true;
+                continue;
+            }
             const bool waits = !t->urgent() && own == 0 && urgent_rows > 0 && !share_.may_join();
             if (waits) { share_deferred = true; continue; }
             const int allowed = std::max(cap, own);

@@ -1,4 +1,5 @@
 #include "kv_book.h"
+#include "tasks.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -144,8 +145,17 @@ void KvBook::adopt_cells(SeqState & s, size_t n) {
 
 // ---------------------------------------------------------------- queues
 
+const SeqState * KvBook::lost_claim(const Task & t) {
+    for (uint64_t h : t.claims) {
+        const SeqState * s = find(h);
+        if (s && s->state_lost) return s;
+    }
+    return nullptr;
+}
+
 void KvBook::enqueue(SeqState & s, Task & t, bool queue_allowed) {
     assert_thread();
+    if (s.state_lost) throw EngineError(lost_state_msg(s.handle));
     if (s.busy() && !queue_allowed) {
         throw SequenceBusyError("sequence " + std::to_string(s.handle) +
                                 " is busy with another job (or a commit in progress); wait for it or cancel it "
@@ -227,6 +237,7 @@ int KvBook::decode() {
     }
     if (inject_count_ > 0 && batch_.n_tokens >= inject_min_rows_) {  // fault injection for tests
         inject_count_ -= 1;
+        if (inject_after_) llama_decode(ctx_, batch_);   // a failure after the compute had run
         return inject_rc_;
     }
     const int rc = llama_decode(ctx_, batch_);
@@ -244,7 +255,18 @@ void KvBook::rollback() {
         SeqState * s = find(h);
         if (!s) continue;
         if (s->cells.size() > before.cells) {
-            llama_memory_seq_rm(mem_, s->sid, (llama_pos) before.cells, -1);
+            if (!llama_memory_seq_rm(mem_, s->sid, (llama_pos) before.cells, -1)) {
+                // a recurrent (or hybrid) state that advanced with the batch: it cannot be cut back
+                llama_memory_seq_rm(mem_, s->sid, -1, -1);
+                ledger_.release_range(s->cells, 0, s->cells.size());
+                s->cells.clear();
+                s->tokens.resize(before.tokens);
+                s->logits.clear();
+                s->logits_valid = false;
+                s->logits_row = -1;
+                s->state_lost = true;
+                continue;
+            }
             ledger_.release_range(s->cells, before.cells, s->cells.size());
             s->cells.resize(before.cells);
         }

@@ -16,7 +16,17 @@
 #include "llama.h"
 #include "sequence.h"
 
+#include <string>
+
 namespace pkc {
+
+// Why a task on a sequence whose state was lost (SeqState::state_lost) fails.
+inline std::string lost_state_msg(uint64_t h) {
+    return "the state of sequence " + std::to_string(h) + " was lost: a decode failed after llama.cpp had "
+           "advanced its recurrent state, which cannot be rolled back, so its memory was cleared; close it "
+           "and append its tokens (Sequence.tokens) to a new sequence";
+}
+
 
 enum class RowKind : int { Foreground = 0, Background = 1, Probe = 2 };
 constexpr int kRowKinds = 3;
@@ -105,7 +115,12 @@ public:
     int decode();      // llama_decode of the batch (0 on success)
     void rollback();   // undo every row of the batch: tokens, cells, KV
     // Tests: the next `count` decodes of at least `min_rows` rows return rc without decoding.
-    void inject_failures(int count, int rc, int min_rows) { inject_count_ = count; inject_rc_ = rc; inject_min_rows_ = min_rows; }
+    // `after`: the batch is decoded for real first (the memory advanced), then the step reports `rc`.
+    void inject_failures(int count, int rc, int min_rows, bool after) {
+        inject_count_ = count; inject_rc_ = rc; inject_min_rows_ = min_rows; inject_after_ = after;
+    }
+    // The first sequence `t` holds whose state was lost (SeqState::state_lost); null when none.
+    const SeqState * lost_claim(const Task & t);
 
     // ---- logits
     const float * row_logits(int row) const;        // a row of the latest decode
@@ -141,6 +156,7 @@ private:
     std::map<uint64_t, RollbackPoint> rollback_;
     bool can_redecode_;
     int inject_count_ = 0, inject_rc_ = 0, inject_min_rows_ = 1;
+    bool inject_after_ = false;
     size_t reserved_ = 0;   // cells promised to running foreground appends and replies (reserve)
     EngineCounters counters_;
 };

@@ -34,6 +34,10 @@ struct SeqState {
     // at the next llama_decode, so until then the cache holds un-rotated K for them. Cleared by the
     // next successful decode (of any batch: the update runs over the whole cache).
     bool shift_pending = false;
+    // A decode failed after llama.cpp had advanced this sequence's recurrent state, which cannot be rolled
+    // back in part: its memory was cleared whole and every later task on it fails (re-applying the batch
+    // to the advanced state would corrupt it silently). Its tokens stay readable.
+    bool state_lost = false;
 
     size_t size() const { return tokens.size(); }
     size_t evaluated() const { return cells.size(); }

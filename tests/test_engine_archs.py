@@ -286,3 +286,39 @@ def test_sliding_window_fork_goes_on_exactly_after_its_source_and_shadow_are_fre
             reference.append(toks[2 * n_swa:])
             assert np.allclose(fork.logits(), reference.logits(), rtol=0, atol=1e-5)
             assert fork.generate(4) == reference.generate(4)
+
+
+# -- a decode that fails after the compute ran ----------------------------------------------------------
+
+@pytest.mark.parametrize("arch", STATEFUL)
+def test_a_failed_decode_that_advanced_a_recurrent_state_loses_the_sequence_loudly(eng, arch):
+    """The batch was computed, then the step failed: a recurrent state cannot be cut back to before it.
+    Before, the rollback's refusal was ignored and the next append applied the batch again on top of the
+    advanced state (silently wrong logits); now the sequence is cleared and refuses further work."""
+    toks = tokens(eng, 12, seed=11)
+    with eng.sequence(toks[:8]) as s:
+        eng._n.inject_decode_failures(1, -3, 1, True)
+        with pytest.raises(pk.EngineError, match="code -3"):
+            s.append(toks[8:])
+        with pytest.raises(pk.EngineError, match="lost"):
+            s.append(toks[8:])
+        with pytest.raises(pk.EngineError, match="lost"):
+            s.generate(2)
+        assert s.tokens == toks[:8]                        # what it held before the failed batch
+    with eng.sequence(toks[:8]) as again, eng.sequence(toks) as fresh:   # the engine goes on
+        again.append(toks[8:])
+        assert np.allclose(again.logits(), fresh.logits(), atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ATTENTION)
+def test_a_failed_decode_that_advanced_an_attention_cache_is_rolled_back_exactly(eng, arch):
+    toks = tokens(eng, 12, seed=11)
+    with eng.sequence(toks[:8]) as s:
+        eng._n.inject_decode_failures(1, -3, 1, True)
+        with pytest.raises(pk.EngineError, match="code -3"):
+            s.append(toks[8:])
+        assert s.tokens == toks[:8] and s.pos_range() == (0, 7)
+        s.append(toks[8:])                                 # the same batch again, on the rolled-back cache
+        with eng.sequence(toks[:8]) as reference:
+            reference.append(toks[8:])
+            assert np.allclose(s.logits(), reference.logits(), rtol=0, atol=1e-5)
