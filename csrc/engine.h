@@ -128,6 +128,7 @@ public:
     std::map<std::string, double> stats();
     std::map<std::string, long> tokens_per_sequence();
     size_t used_cells();
+    size_t free_cells();   // what a new job can take: free, less those promised to running appends and replies
     void inject_decode_failures(int count, int rc, int min_rows, bool after);  // tests: see KvBook::inject_failures
 
     // ---- persistence (engine_state.cpp): any thread

@@ -26,7 +26,7 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
     check_kind(kind);
     validate_tokens(tokens);
     return run_on_engine_thread([&] {
-        SeqState & s = kv_->get(h);
+        SeqState & s = kv_->usable(h);
         if (s.size() + tokens.size() > n_ctx_) {
             throw ContextFullError("cannot append " + std::to_string(tokens.size()) + " tokens to a sequence of " +
                                    std::to_string(s.size()) + ": the total would exceed n_ctx=" + std::to_string(n_ctx_) +
@@ -62,7 +62,7 @@ std::shared_ptr<Job> Engine::seq_probe(uint64_t h, const std::vector<llama_token
     validate_tokens(label_tokens);
     if (label_tokens.empty()) throw std::invalid_argument("a probe needs at least one label token");
     return run_on_engine_thread([&] {
-        SeqState & s = kv_->get(h);
+        SeqState & s = kv_->usable(h);
         if (s.busy()) throw SequenceBusyError(busy_msg(h));
         if (s.size() == 0 && tokens.empty()) throw std::invalid_argument("cannot probe an empty sequence with no probe tokens");
         if (tokens.size() + 1 > kv_->free_for(0) || s.size() + tokens.size() > n_ctx_) {
@@ -85,7 +85,7 @@ std::vector<float> Engine::seq_logits(uint64_t h) {
     for (int attempt = 0; attempt < 3; ++attempt) {
         std::shared_ptr<Job> job;
         std::vector<float> out = run_on_engine_thread([&] {
-            SeqState & s = kv_->get(h);
+            SeqState & s = kv_->usable(h);
             if (s.size() == 0) throw std::invalid_argument("the sequence is empty: there are no logits before the first token");
             if (s.logits_valid) {
                 std::vector<float> v = kv_->logits_copy(s);
@@ -120,7 +120,7 @@ std::pair<int, int> Engine::seq_pos_range(uint64_t h) {
 
 uint64_t Engine::seq_fork(uint64_t h, int64_t n_tokens) {
     return run_on_engine_thread([&] {
-        SeqState & src = kv_->get(h);
+        SeqState & src = kv_->usable(h);
         if (src.busy()) throw SequenceBusyError(busy_msg(h) + "; fork it when the job is done");
         const size_t n = n_tokens < 0 ? src.size() : (size_t) n_tokens;
         if (n > src.size()) {
@@ -139,7 +139,7 @@ uint64_t Engine::seq_fork(uint64_t h, int64_t n_tokens) {
 
 void Engine::seq_truncate(uint64_t h, size_t n) {
     run_on_engine_thread([&] {
-        SeqState & s = kv_->get(h);
+        SeqState & s = kv_->usable(h);
         if (s.busy()) throw SequenceBusyError(busy_msg(h));
         if (n > s.size()) {
             throw std::out_of_range("cannot truncate to " + std::to_string(n) + " tokens: the sequence has only " +
@@ -175,7 +175,7 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
     if (max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0, got " + std::to_string(max_tokens));
     validate_tokens(stop_tokens);
     return run_on_engine_thread([&] {
-        SeqState & s = kv_->get(h);
+        SeqState & s = kv_->usable(h);
         if (s.size() == 0 && !s.busy()) throw std::invalid_argument("cannot generate on an empty sequence: append a prompt first");
         SamplingParams p = sp;
         if (p.seed == 0xFFFFFFFFu) p.seed = opts_.seed + 7919u * (++job_counter_);
@@ -201,7 +201,7 @@ std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, siz
                                                                size_t keep_from, bool splice) {
     validate_tokens(replacement);
     return run_on_engine_thread([&] {
-        SeqState & m = kv_->get(h);
+        SeqState & m = kv_->usable(h);
         if (keep_prefix > keep_from || keep_from > m.size()) {
             throw std::invalid_argument("rebase needs 0 <= keep_prefix <= keep_from <= len(sequence); got keep_prefix=" +
                                         std::to_string(keep_prefix) + ", keep_from=" + std::to_string(keep_from) +
@@ -273,6 +273,7 @@ std::map<std::string, double> Engine::commit_rebase(uint64_t h, uint64_t id) {
 }
 
 size_t Engine::used_cells() { return run_on_engine_thread([&] { return kv_->used_cells(); }); }
+size_t Engine::free_cells() { return run_on_engine_thread([&] { return kv_->free_for(0); }); }
 
 void Engine::inject_decode_failures(int count, int rc, int min_rows, bool after) {
     run_on_engine_thread([&] { kv_->inject_failures(count, rc, min_rows, after); });
@@ -305,6 +306,7 @@ std::map<std::string, double> Engine::stats() {
         m["aborted_decodes"] = (double) c.aborted_decodes;
         m["aborted_ms"] = c.aborted_ms;
         m["used_cells"] = (double) kv_->used_cells();
+        m["reserved_cells"] = (double) kv_->reserved_cells();
         m["n_ctx"] = (double) n_ctx_;
         m["live_sequences"] = 0;
         m["internal_sequences"] = 0;

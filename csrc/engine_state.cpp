@@ -18,7 +18,7 @@ SeqSnapshot Engine::seq_export(uint64_t h) {
     for (int attempt = 0; attempt < 3; ++attempt) {
         std::shared_ptr<Job> job;
         SeqSnapshot out = run_on_engine_thread([&] {
-            SeqState & s = kv_->get(h);
+            SeqState & s = kv_->usable(h);
             if (s.busy()) throw SequenceBusyError(busy_msg(h));
             SeqSnapshot snap;
             if (s.shift_pending) {

@@ -36,6 +36,12 @@ SeqState & KvBook::get(uint64_t h) {
     return *s;
 }
 
+SeqState & KvBook::usable(uint64_t h) {
+    SeqState & s = get(h);
+    if (s.state_lost) throw EngineError(lost_state_msg(h));
+    return s;
+}
+
 llama_seq_id KvBook::alloc_slot() {
     for (size_t i = 0; i < slot_used_.size(); ++i) {
         if (!slot_used_[i]) { slot_used_[i] = true; return (llama_seq_id) i; }

@@ -65,7 +65,8 @@ public:
 
     // ---- sequences
     SeqState * find(uint64_t h);
-    SeqState & get(uint64_t h);  // a visible sequence, or SequenceClosedError
+    SeqState & get(uint64_t h);
+    SeqState & usable(uint64_t h);   // get(), refusing a sequence whose state was lost (SeqState::state_lost)  // a visible sequence, or SequenceClosedError
     SeqState & create(bool internal);
     // A new sequence holding src's first n tokens (all when n >= len): their cells are shared.
     SeqState & fork(uint64_t src, bool internal, size_t n = SIZE_MAX);

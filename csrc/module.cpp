@@ -205,6 +205,7 @@ PYBIND11_MODULE(_native, m) {
         .def("stats", &Engine::stats, Release())
         .def("tokens_per_sequence", &Engine::tokens_per_sequence, Release())
         .def("used_cells", &Engine::used_cells, Release())
+        .def("free_cells", &Engine::free_cells, Release())
         .def("inject_decode_failures", &Engine::inject_decode_failures, py::arg("count"), py::arg("rc"),
              py::arg("min_rows") = 1, py::arg("after") = false, Release());
 }

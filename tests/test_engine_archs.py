@@ -304,6 +304,11 @@ def test_a_failed_decode_that_advanced_a_recurrent_state_loses_the_sequence_loud
             s.append(toks[8:])
         with pytest.raises(pk.EngineError, match="lost"):
             s.generate(2)
+        # nothing else reads or copies the cleared state as if it were the sequence's
+        for use in (lambda: s.fork(), lambda: s.probe([]), lambda: s.logits(), lambda: s.save_state(),
+                    lambda: s.prepare_rebase(0, toks[:2], 4), lambda: s.truncate(4)):
+            with pytest.raises(pk.EngineError, match="lost"):
+                use()
         assert s.tokens == toks[:8]                        # what it held before the failed batch
     with eng.sequence(toks[:8]) as again, eng.sequence(toks) as fresh:   # the engine goes on
         again.append(toks[8:])

@@ -162,7 +162,10 @@ def test_a_reply_keeps_the_cells_it_may_write(tiny_model_path):
         main = eng.sequence(text_tokens(eng, 40, seed=1))
         bg = eng.sequence(text_tokens(eng, 20, seed=2))
         n = eng.free_cells() - 4
+        free = eng.free_cells()
         reply = eng.native().seq_generate(main.id, n, 0.0, 1.0, 0, [], [], "", FOREGROUND)  # not waited for
+        # what a new job can take no longer counts the reply's promise (a session sizes itself by it)
+        assert eng.free_cells() <= free - n + 1 and eng.stats()["reserved_cells"] >= 0
         job = bg.generate_background(10_000)
         assert reply.wait(120)
         assert reply.finish_reason() == "length" and len(reply.tokens()) == n

@@ -272,8 +272,11 @@ def test_at_the_window_edge_the_model_is_asked_only_for_what_it_writes_within_ma
     compactor.background.paced = True
     meter = compactor.meter
     meter._prompt_s, meter._write, meter._growth, meter._prefill = (0.0, 1e6, 10.0, 1e6) if fast else (1.0, 5.0, 10.0, 1e6)
-    skips = compactor.background.skips
-    n_skipped = len(failed(s, "no_time"))
+    skips, missed = compactor.background.skips, compactor.background.missed
+    n_skipped, n_missed = len(failed(s, "no_time")), len(failed(s, "max_stall"))
+    prepared = []
+    real_prepare = compactor.ctx.seq.prepare_rebase
+    compactor.ctx.seq.prepare_rebase = lambda *a, **k: prepared.append(a) or real_prepare(*a, **k)
     rebased = compactor.compact("window_full", edge=True)
     assert rebased is not None and rebased.trigger == "window_full"
     started = [e for e in s.events if e.name == "summary_started"][-1]
@@ -284,6 +287,9 @@ def test_at_the_window_edge_the_model_is_asked_only_for_what_it_writes_within_ma
     else:
         assert len(skipped) == 1 and skipped[0].attempt == 0 and rebased.fallback   # not asked
         assert compactor.background.skips == skips    # (the schedule's retries count only its own starts)
+        assert len(prepared) == 1                     # one rebuilt context (not a fallback beside the fallback)
+    # nothing missed the edge: no max_stall failure, no pace fed from a model that was not writing
+    assert len(failed(s, "max_stall")) == n_missed and compactor.background.missed == missed
 
 
 # ------------------------------------------------------------------ review of the first version (regressions)

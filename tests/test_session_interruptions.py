@@ -140,8 +140,10 @@ def test_a_retried_summary_attempt_gets_the_preparations_rows(tmp_path, monkeypa
         s.chat(f"u{i} " + words(60, f"c{i}_"), max_tokens=8)
     failed = [e for e in s.events if e.name == "summary_failed"]
     assert failed and failed[0].reason == "empty"
-    # the first preparation's attempt (failed: empty) and its retry were both granted the deadline rows
-    assert len(jobs) >= 2 and grants.get(id(jobs[0])) == grants.get(id(jobs[1])) == 32, \
+    # the first preparation's attempt (failed: empty) and its retry were both granted the deadline rows (or,
+    # once the conversation waits at the window edge, the edge's)
+    from pykvcompact.compaction.background import DEADLINE_ROWS, EDGE_ROWS
+    assert len(jobs) >= 2 and grants.get(id(jobs[0])) == grants.get(id(jobs[1])) in (2 * DEADLINE_ROWS, EDGE_ROWS), \
         [grants.get(id(j)) for j in jobs]
     s.close()
 

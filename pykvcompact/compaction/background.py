@@ -308,6 +308,7 @@ class Background:
         then, the fallback."""
         deadline = t0 + self.policy.max_stall_ms / 1000.0
         p.set_rows(EDGE_ROWS)
+        p.advance(self.ctx.seq, len(self.ctx), room=self.room_for, mode=self.policy.rebase)
         if p.state == "summarizing" and p.fallback is None:
             # the model may miss the deadline: the fallback's context prefills beside it, so that missing
             # it costs the rest of that prefill, not all of it after the wait
@@ -325,8 +326,11 @@ class Background:
                 waitable.wait(min(left, 0.02))
             else:
                 time.sleep(min(left, 0.005))
-        if p.state == "caught_up" or (p.replacement is not None and p.fallback is None):
-            return p.summary  # (the model's summary is there, its context not: as costly as a fallback's)
+        # the model's summary is there, its context not: as costly as a fallback whose context is not
+        # caught up either (one prepared at this edge), and better; a caught-up fallback is cheaper
+        fallback_ready = p.fallback_rebase is not None and p.fallback_rebase.done()
+        if p.state == "caught_up" or (p.replacement is not None and not fallback_ready):
+            return p.summary
         return p.use_fallback()
 
     def _model_in_time(self, p: Preparation) -> bool:
@@ -339,4 +343,4 @@ class Background:
         return need is None or need <= self.policy.max_stall_ms / 1000.0  # unknown: wait and see
 
 
-__all__ = ["Background", "DEADLINE_ROWS", "IDLE_POLL_S"]
+__all__ = ["Background", "DEADLINE_ROWS", "EDGE_ROWS", "IDLE_POLL_S"]

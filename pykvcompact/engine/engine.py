@@ -177,6 +177,7 @@ class Engine:
             "catch_up_rows": int(raw["catch_up_rows"]),
             "forks": int(raw["forks"]),
             "used_cells": int(raw["used_cells"]),
+            "reserved_cells": int(raw["reserved_cells"]),   # promised to foreground appends and replies
             "n_ctx": int(raw["n_ctx"]),
             "live_sequences": int(raw["live_sequences"]),
             "internal_sequences": int(raw["internal_sequences"]),
@@ -190,7 +191,9 @@ class Engine:
         return int(self.native().used_cells())
 
     def free_cells(self) -> int:
-        return self.n_ctx - self.used_cells()
+        """KV cells a new job can take: the pool's free cells less those promised to foreground appends and
+        replies still running (a reply is promised up to its ``max_tokens`` when it starts)."""
+        return int(self.native().free_cells())
 
     def sequence(self, tokens: Iterable[int] = ()) -> "Sequence":
         toks = token_list(tokens)

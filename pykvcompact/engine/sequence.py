@@ -125,7 +125,12 @@ class Sequence:
         With ``temperature`` > 0 the token is drawn from the ``top_k`` most likely (0: all), then the
         ``top_p`` nucleus, then those at least ``min_p`` times as likely as the best (0: all), in that
         order as in llama.cpp; a small ``top_k`` spares sorting a large vocabulary for ``top_p``.
-        With ``stream=True`` it returns an iterator of tokens instead (see ``stream()``)."""
+        With ``stream=True`` it returns an iterator of tokens instead (see ``stream()``).
+
+        The reply is promised up to ``max_tokens`` KV cells when it starts (as many as are free): background
+        work never makes it end early, and while it runs that work (a rebase catching up, another
+        sequence's generation) only has the cells beyond the promise, so ask for what you need (a session
+        generates in chunks)."""
         job = self._start_generate(max_tokens, temperature, top_p, seed, stop, grammar, FOREGROUND, top_k, min_p)
         return job.stream() if stream else job.result()
 
