@@ -116,6 +116,7 @@ public:
     uint64_t seq_fork(uint64_t h, int64_t n_tokens);  // n_tokens < 0: all
     void seq_truncate(uint64_t h, size_t n);
     void seq_close(uint64_t h);
+    void seq_close_later(uint64_t h);   // a finalizer's close: queued, never waited for
     std::shared_ptr<Job> seq_generate(uint64_t h, int max_tokens, const SamplingParams & sp,
                                       const std::vector<llama_token> & stop_tokens,
                                       const std::vector<std::string> & stop_strings, RowKind kind);
@@ -144,6 +145,7 @@ private:
     void submit(std::unique_ptr<Task> t);
     RebaseTask * find_rebase(uint64_t shadow_id);
     void end_tasks_touching(uint64_t handle, const std::string & why);
+    void close_now(uint64_t h);   // on the engine thread: end its tasks, free its slot and cells
 
     // the constructor's part after the context exists (engine.cpp): a throw there frees the context
     void start(const EngineOptions & opts);

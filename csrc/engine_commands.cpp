@@ -160,12 +160,24 @@ void Engine::end_tasks_touching(uint64_t h, const std::string & why) {
 }
 
 void Engine::seq_close(uint64_t h) {
-    run_on_engine_thread([&] {
-        SeqState * s = kv_->find(h);
-        if (!s || s->internal) return;  // closing twice is harmless
-        end_tasks_touching(h, "sequence " + std::to_string(h) + " was closed");
-        if ((s = kv_->find(h))) kv_->release(*s);
+    run_on_engine_thread([&] { close_now(h); });
+}
+
+void Engine::seq_close_later(uint64_t h) {
+    // queued for the engine thread's next pause between steps; a stopped engine drops it (its pool is gone)
+    inbox_->push([this, h] {
+        try {
+            close_now(h);
+        } catch (...) {  // a finalizer has no one to tell
+        }
     });
+}
+
+void Engine::close_now(uint64_t h) {
+    SeqState * s = kv_->find(h);
+    if (!s || s->internal) return;  // closing twice is harmless
+    end_tasks_touching(h, "sequence " + std::to_string(h) + " was closed");
+    if ((s = kv_->find(h))) kv_->release(*s);
 }
 
 std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const SamplingParams & sp,

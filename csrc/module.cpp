@@ -168,6 +168,7 @@ PYBIND11_MODULE(_native, m) {
         .def("seq_fork", &Engine::seq_fork, py::arg("handle"), py::arg("n_tokens") = -1, Release())
         .def("seq_truncate", &Engine::seq_truncate, py::arg("handle"), py::arg("n_tokens"), Release())
         .def("seq_close", &Engine::seq_close, py::arg("handle"), Release())
+        .def("seq_close_later", &Engine::seq_close_later, py::arg("handle"), Release())
         .def("seq_generate", [](Engine & e, uint64_t h, int max_tokens, float temperature, float top_p, int64_t seed,
                                 const std::vector<llama_token> & stop_tokens, const std::vector<std::string> & stop_strings,
                                 const std::string & grammar, int kind, int top_k, float min_p) {

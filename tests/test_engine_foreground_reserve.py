@@ -2,6 +2,7 @@
 was promised (KvBook::reserve), so the pool cannot run out half-way and leave a partial prompt."""
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -199,3 +200,26 @@ def test_a_reply_that_stops_early_gives_back_what_it_was_promised(tiny_model_pat
         _every_free_cell_is_usable(eng)
     finally:
         eng.close()
+
+
+def test_a_dropped_sequence_is_closed_without_waiting_and_before_the_next_engine_call(tiny_model_path):
+    # the finalizer queues the close (a collecting thread never waits for a decode); any engine call made
+    # after it runs after the close, so what it reports already counts the cells given back
+    eng = _engine(tiny_model_path)
+    try:
+        keep = eng.sequence(text_tokens(eng, 30, seed=1))
+        branch = keep.fork()
+        bg = branch.generate_background(10_000)               # the engine is busy decoding meanwhile
+        dropped = eng.sequence(text_tokens(eng, 100, seed=2))
+        handle = dropped.id
+        assert handle in eng.stats()["tokens_per_sequence"]
+        del dropped
+        gc.collect()
+        stats = eng.stats()                                    # (an engine call: it runs after the close)
+        assert handle not in stats["tokens_per_sequence"] and stats["live_sequences"] == 2
+        assert not bg.done()                                   # the generation beside it goes on
+        bg.cancel()
+        bg.result(timeout=30)
+    finally:
+        eng.close()
+    gc.collect()                                               # a handle dropped after close: harmless

@@ -293,10 +293,13 @@ class Sequence:
                 pass  # the engine closed meanwhile: its sequences are gone with it
 
     def __del__(self):
-        # A dropped handle gives its slot and cells back (never raise from a finalizer).
+        # A dropped handle gives its slot and cells back at the engine's next pause between steps: the
+        # collecting thread does not wait for a decode (any engine call made after it sees it closed).
+        # Never raise from a finalizer.
         try:
             if not self._closed and not self.engine.closed:
-                self.close()
+                self._closed = True
+                self.engine.native().seq_close_later(self._h)
         except Exception:
             pass
 
