@@ -193,9 +193,10 @@ def test_a_reply_that_stops_early_gives_back_what_it_was_promised(tiny_model_pat
                 reply.cancel()
             else:
                 a.close()
-            reply.wait(30)
+            assert reply.wait(30) and reply.finish_reason() != "length"   # it stopped early
             if stop == "cancel":
                 a.close()
+            assert eng.stats()["reserved_cells"] == 0                    # nothing stays promised
         main.close()
         _every_free_cell_is_usable(eng)
     finally:
