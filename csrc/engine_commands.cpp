@@ -48,8 +48,7 @@ std::shared_ptr<Job> Engine::seq_append(uint64_t h, const std::vector<llama_toke
         if (tokens.empty() && !s.busy()) { job->finish("done"); return job; }
         kv_->enqueue(s, *t, kind == RowKind::Background);   // (SequenceBusyError: nothing promised yet)
         if (kind == RowKind::Foreground) {   // all or nothing: background work cannot take its cells meanwhile
-            t->reserved = need;
-            kv_->reserve(need);
+            t->promise.make(*kv_, need);
         }
         submit(std::move(t));
         return job;
@@ -200,8 +199,7 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
             const size_t room = (size_t) n_ctx_ - std::min((size_t) n_ctx_, s.size());
             const size_t promise = std::min({(size_t) std::max(0, max_tokens) + (s.fully_evaluated() ? 0 : 1),
                                              kv_->free_for(0), room});
-            t->reserved = promise;
-            kv_->reserve(promise);
+            t->promise.make(*kv_, promise);
         }
         submit(std::move(t));
         return job;

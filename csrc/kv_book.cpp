@@ -152,6 +152,7 @@ void KvBook::adopt_cells(SeqState & s, size_t n) {
 // ---------------------------------------------------------------- queues
 
 const SeqState * KvBook::lost_claim(const Task & t) {
+    if (lost_sequences_ == 0) return nullptr;   // (the step loop asks for every task: almost always this)
     for (uint64_t h : t.claims) {
         const SeqState * s = find(h);
         if (s && s->state_lost) return s;
@@ -271,6 +272,7 @@ void KvBook::rollback() {
                 s->logits_valid = false;
                 s->logits_row = -1;
                 s->state_lost = true;
+                lost_sequences_ += 1;
                 continue;
             }
             ledger_.release_range(s->cells, before.cells, s->cells.size());

@@ -6,6 +6,7 @@
 // engine thread: a llama_context is not thread-safe (docs/architecture.md, "Threading model").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <thread>
@@ -158,8 +159,25 @@ private:
     bool can_redecode_;
     int inject_count_ = 0, inject_rc_ = 0, inject_min_rows_ = 1;
     bool inject_after_ = false;
+    size_t lost_sequences_ = 0;   // sequences ever marked state_lost (lost_claim looks only when some were)
     size_t reserved_ = 0;   // cells promised to running foreground appends and replies (reserve)
     EngineCounters counters_;
+};
+
+// The cells promised to one foreground append or reply (KvBook::reserve): those its rows take are released
+// from the promise once decoded (settle), the rest when the task ends (drop).
+struct CellPromise {
+    size_t cells = 0;   // still promised
+    size_t step = 0;    // cells this step's rows take
+    void make(KvBook & kv, size_t n) { cells = n; kv.reserve(n); }
+    size_t free_in(const KvBook & kv) const { return kv.free_for(cells); }   // free cells this task may take
+    void settle(KvBook & kv) {
+        const size_t used = std::min(cells, step);
+        kv.unreserve(used);
+        cells -= used;
+        step = 0;
+    }
+    void drop(KvBook & kv) { kv.unreserve(cells); cells = 0; step = 0; }
 };
 
 }  // namespace pkc

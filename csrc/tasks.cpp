@@ -73,12 +73,12 @@ int PrefillTask::add_rows(KvBook & kv, int budget) {
     const size_t pending = redecode ? 1 : s->size() - s->evaluated();  // 0 or 1
     const size_t n = std::min(left, (size_t) budget - std::min((size_t) budget, pending));
     const size_t new_cells = n + (redecode ? 0 : pending);
-    if (kv.free_for(reserved) < new_cells || s->size() + n > kv.n_ctx()) {
+    if (promise.free_in(kv) < new_cells || s->size() + n > kv.n_ctx()) {
         const std::string msg = context_full_msg(kv, new_cells);
         fail(kv, make_err<ContextFullError>(msg), msg);
         return 0;
     }
-    step_cells += new_cells;
+    promise.step += new_cells;
     if (redecode) kv.unevaluate_last(*s);
     if (pending) {
         const bool want = n == 0;  // the pending token is the last one of this step
@@ -105,10 +105,7 @@ void PrefillTask::after_decode(KvBook & kv) {
     if (s && last_row >= 0) kv.set_logits_row(*s, last_row);
     else if (s) s->logits_valid = false;
     job->push_tokens(tokens.data() + offset_at_step, offset - offset_at_step);
-    const size_t used = std::min(reserved, step_cells);   // promised cells now taken
-    step_cells = 0;
-    kv.unreserve(used);
-    reserved -= used;
+    promise.settle(kv);
     logit_rows.clear();
     last_row = -1;
     if (offset == tokens.size() && s && s->fully_evaluated() && (s->logits_valid || s->size() == 0)) complete(kv, "done");
@@ -157,13 +154,13 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
         // After a truncate, a splice or a failed decode the last token is decoded again, once.
         if (!s->fully_evaluated() && !fits_promised(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
         if (s->fully_evaluated()) kv.unevaluate_last(*s);   // (gives its cell back first: no new cell)
-        else step_cells = 1;
+        else promise.step = 1;
         sampled_token = -1;
         row = kv.add_pending_row(*s, true, kind);
         return 1;
     }
     if (!fits_promised(kv, *s, 1)) { complete(kv, "context_full"); return 0; }
-    step_cells = 1;
+    promise.step = 1;
     const llama_token t = retry_token >= 0 ? retry_token : sampler.sample(kv.logits(*s), kv.n_vocab());
     retry_token = -1;
     if (t < 0 || llama_vocab_is_eog(kv.vocab(), t)) { complete(kv, "stop"); return 0; }
@@ -173,14 +170,11 @@ int GenerateTask::add_rows(KvBook & kv, int budget) {
 }
 
 bool GenerateTask::fits_promised(KvBook & kv, const SeqState & s, size_t n) const {
-    return kv.free_for(reserved) >= n && s.size() + n <= kv.n_ctx();
+    return promise.free_in(kv) >= n && s.size() + n <= kv.n_ctx();
 }
 
 void GenerateTask::after_decode(KvBook & kv) {
-    const size_t used = std::min(reserved, step_cells);   // the promised cell this step took
-    kv.unreserve(used);
-    reserved -= used;
-    step_cells = 0;
+    promise.settle(kv);   // the promised cell this step took
     SeqState * s = kv.find(handle);
     if (s && row >= 0) kv.set_logits_row(*s, row);
     row = -1;

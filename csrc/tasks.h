@@ -68,7 +68,7 @@ struct PrefillTask : Task {
     // Recurrent and hybrid memories cannot re-decode a token later: keep each chunk's last logits
     // there, so a cancelled or interrupted prefill leaves a sequence that can still generate.
     bool logits_every_chunk = false;
-    size_t reserved = 0;   // cells still promised to this append (KvBook::reserve): foreground only
+    CellPromise promise;   // foreground only: cells no background work may take from this append
     size_t offset = 0, offset_at_step = 0;
     std::vector<float> collected;
     std::vector<int> logit_rows;
@@ -77,13 +77,12 @@ struct PrefillTask : Task {
     bool has_work(KvBook & kv) override { return !finished; }
     int add_rows(KvBook & kv, int budget) override;
     void after_decode(KvBook & kv) override;
-    size_t step_cells = 0;   // cells this step's rows take (the promised ones among them are released once decoded)
-    void save_cursor() override { offset_at_step = offset; step_cells = 0; logit_rows.clear(); last_row = -1; }
-    void restore_cursor() override { offset = offset_at_step; step_cells = 0; logit_rows.clear(); last_row = -1; }
+    void save_cursor() override { offset_at_step = offset; promise.step = 0; logit_rows.clear(); last_row = -1; }
+    void restore_cursor() override { offset = offset_at_step; promise.step = 0; logit_rows.clear(); last_row = -1; }
 
 protected:
     void on_complete(KvBook & kv) override;
-    void release(KvBook & kv) override { kv.unreserve(reserved); reserved = 0; }
+    void release(KvBook & kv) override { promise.drop(kv); }
 };
 
 // A probe: prefill tokens on a private fork, read the log-probabilities of the labels' first
@@ -117,21 +116,20 @@ struct GenerateTask : Task {
     // a seeded sampler would draw from a state that has moved on, so the same seed gave other tokens.
     llama_token retry_token = -1;
     int row = -1;
-    size_t reserved = 0;     // cells still promised to this reply (KvBook::reserve): foreground only
-    size_t step_cells = 0;   // the cell this step's row takes (released from the promise once decoded)
+    CellPromise promise;     // foreground only: the cells this reply may write, kept from background work
 
     bool single_row() const override { return true; }
     bool has_work(KvBook & kv) override { return !finished; }
     int add_rows(KvBook & kv, int budget) override;
     void after_decode(KvBook & kv) override;
-    void save_cursor() override { step_cells = 0; }
+    void save_cursor() override { promise.step = 0; }
     void restore_cursor() override {
         if (sampled_token >= 0) retry_token = sampled_token;
         sampled_token = -1;
         row = -1;
-        step_cells = 0;
+        promise.step = 0;
     }
-    void release(KvBook & kv) override { kv.unreserve(reserved); reserved = 0; }
+    void release(KvBook & kv) override { promise.drop(kv); }
 
 private:
     bool hit_stop_string(KvBook & kv, llama_token t);

@@ -31,10 +31,9 @@ class SessionTools:
     define is the caller's, whatever the name."""
 
     def __init__(self, caller_tools: List[dict], offers_compact: bool, offers_search: bool):
-        self.caller = caller_tools
+        self.set_caller(caller_tools)
         self.offers_compact = offers_compact
         self.offers_search = offers_search       # turned off by sizing when the window is too small for it
-        self.caller_names = set(tool_names(caller_tools) or ())
         self.in_effect: Optional[List[dict]] = None
 
     def set_caller(self, caller_tools: List[dict]) -> None:
