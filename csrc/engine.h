@@ -125,6 +125,7 @@ public:
                                                            size_t keep_from, bool splice);
     std::map<std::string, double> commit_rebase(uint64_t h, uint64_t rebase_id);
     void cancel_rebase(uint64_t rebase_id);
+    void cancel_rebase_later(uint64_t rebase_id);   // a finalizer's cancel: queued, never waited for
     size_t rebase_target_len(uint64_t rebase_id);
     std::map<std::string, double> stats();
     std::map<std::string, long> tokens_per_sequence();

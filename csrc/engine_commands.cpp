@@ -207,10 +207,11 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
 }
 
 std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, size_t keep_prefix,
-                                                               const std::vector<llama_token> & replacement,
+                                                               const std::vector<llama_token> & replacement_in,
                                                                size_t keep_from, bool splice) {
-    validate_tokens(replacement);
+    validate_tokens(replacement_in);
     return run_on_engine_thread([&] {
+        std::vector<llama_token> replacement = replacement_in;
         SeqState & m = kv_->usable(h);
         if (keep_prefix > keep_from || keep_from > m.size()) {
             throw std::invalid_argument("rebase needs 0 <= keep_prefix <= keep_from <= len(sequence); got keep_prefix=" +
@@ -226,6 +227,19 @@ std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, siz
         if (target > n_ctx_) {
             throw ContextFullError("the rebased sequence would have " + std::to_string(target) + " tokens, more than n_ctx=" +
                                    std::to_string(n_ctx_) + "; keep fewer tokens or use a shorter replacement");
+        }
+        // A replacement that begins with the tokens it replaces (a summary that starts as the one before it
+        // did) keeps them as prefix: the same tokens at the same positions after the same prefix have the
+        // same KV, so their cells are shared instead of computed again.  The result is the same sequence.
+        size_t same = 0;
+        while (same < replacement.size() && keep_prefix + same < keep_from &&
+               m.tokens[keep_prefix + same] == replacement[same]) {
+            ++same;
+        }
+        if (same > 0) {
+            keep_prefix += same;
+            replacement.erase(replacement.begin(), replacement.begin() + (long) same);
+            kv_->counters().rebase_reused_rows += (long) same;
         }
         // The prefix's cells are shared where the memory allows it; otherwise they are fed again.
         const size_t shared = recurrent_state() ? 0 : std::min(keep_prefix, m.evaluated());
@@ -258,6 +272,20 @@ size_t Engine::rebase_target_len(uint64_t id) {
         if (!r) throw RebaseNotPendingError("this rebase is no longer pending (committed, cancelled or failed)");
         SeqState & m = kv_->get(r->main_handle);
         return r->keep_prefix + r->replacement_len + (m.size() - r->keep_from);
+    });
+}
+
+void Engine::cancel_rebase_later(uint64_t id) {
+    // a finalizer's cancel: queued like seq_close_later, never waited for (a rebase being committed is left to
+    // finish: its commit owns it then)
+    inbox_->push([this, id] {
+        RebaseTask * r = find_rebase(id);
+        if (!r || r->committing) return;
+        try {
+            r->fail(*kv_, std::make_exception_ptr(CancelledError("rebase preparation was cancelled")),
+                    "rebase preparation was cancelled");
+        } catch (...) {  // a finalizer has no one to tell
+        }
     });
 }
 
@@ -310,6 +338,7 @@ std::map<std::string, double> Engine::stats() {
         m["decode_ms"] = c.decode_ms;
         m["rebases"] = (double) c.rebases;
         m["catch_up_rows"] = (double) c.catch_up_rows;
+        m["rebase_reused_rows"] = (double) c.rebase_reused_rows;
         m["forks"] = (double) c.forks;
         m["background_share"] = share_.share();
         m["background_deferred_steps"] = (double) share_.deferred_steps();

@@ -39,6 +39,7 @@ struct EngineCounters {
     long rows[kRowKinds] = {0, 0, 0};
     double decode_ms = 0;
     long rebases = 0, catch_up_rows = 0, forks = 0;
+    long rebase_reused_rows = 0;  // replacement tokens equal to the ones they replaced: shared, not fed
 };
 
 class KvBook {

@@ -186,6 +186,7 @@ PYBIND11_MODULE(_native, m) {
            Release())
         .def("commit_rebase", &Engine::commit_rebase, py::arg("handle"), py::arg("rebase_id"), Release())
         .def("cancel_rebase", &Engine::cancel_rebase, py::arg("rebase_id"), Release())
+        .def("cancel_rebase_later", &Engine::cancel_rebase_later, py::arg("rebase_id"), Release())
         .def("rebase_target_len", &Engine::rebase_target_len, py::arg("rebase_id"), Release())
         .def("seq_export", [](Engine & e, uint64_t h) {
             // (tokens, evaluated, logits float32 or empty, state bytes)

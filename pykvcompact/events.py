@@ -100,6 +100,9 @@ class Rebased(Event):
     worst_stall_ms: float = 0.0    # the session's worst stall so far, this one included
     summary_tokens: int = 0        # tokens of the summary message that replaced the history
     kept_tokens: int = 0           # of which: messages carried verbatim (the user's, pinned ones)
+    # of which: leading tokens already in place (an extended summary: the previous one's tokens, kept as
+    # they were, their KV not computed again)
+    summary_reused: int = 0
     t: float = field(default_factory=time.time)
     name = "rebased"
 

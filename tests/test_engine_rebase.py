@@ -123,6 +123,50 @@ def test_splice_rebase_is_approximate_and_guarded(tiny_engine):
             assert a.shape == b.shape and np.all(np.isfinite(a))
 
 
+def test_a_replacement_that_starts_like_the_span_it_replaces_reuses_those_cells(tiny_engine):
+    # A new summary that begins as the old one did: those tokens are already computed at those positions.
+    toks = text_tokens(tiny_engine, 200, seed=31)
+    repl = toks[20:60] + text_tokens(tiny_engine, 25, seed=32)   # 40 tokens as before, then new ones
+    with tiny_engine.sequence(toks) as s:
+        before = tiny_engine.stats()
+        rb = s.prepare_rebase(20, repl, 150)
+        assert rb.wait(timeout=30)
+        info = s.commit_rebase(rb)
+        after = tiny_engine.stats()
+        expect = toks[:20] + repl + toks[150:]
+        assert s.tokens == expect and s.pos_range() == (0, len(expect) - 1)
+        assert after["rebase_reused_rows"] - before["rebase_reused_rows"] == 40
+        # fed: the 25 new replacement tokens and the 50-token tail, not the 40 reused ones
+        fed = after["rows"]["background"] + after["catch_up_rows"] - before["rows"]["background"] - before["catch_up_rows"]
+        assert fed == 25 + 50
+        assert info["tokens_after"] == len(expect)
+        with tiny_engine.sequence(expect) as fresh:
+            assert_logits_close(s.logits(), fresh.logits())
+            more = text_tokens(tiny_engine, 7, seed=33)
+            s.append(more)
+            fresh.append(more)
+            assert_logits_close(s.logits(), fresh.logits())
+
+
+@pytest.mark.parametrize("mode", ["exact", "splice"])
+def test_reuse_stops_at_the_replaced_span(tiny_engine, mode):
+    # The replacement repeats the whole span and goes on with the tail's own tokens: only the span is
+    # reused (the tail's cells move, they are not the replacement's).
+    toks = text_tokens(tiny_engine, 120, seed=34)
+    repl = toks[10:80] + toks[80:95]
+    with tiny_engine.sequence(toks) as s:
+        before = tiny_engine.stats()["rebase_reused_rows"]
+        rb = s.prepare_rebase(10, repl, 80, mode=mode)
+        assert rb.wait(timeout=30)
+        s.commit_rebase(rb)
+        assert tiny_engine.stats()["rebase_reused_rows"] - before == 70
+        expect = toks[:10] + repl + toks[80:]
+        assert s.tokens == expect and s.pos_range() == (0, len(expect) - 1)
+        if mode == "exact":
+            with tiny_engine.sequence(expect) as fresh:
+                assert_logits_close(s.logits(), fresh.logits())
+
+
 def test_background_generation_shares_batches_with_foreground(tiny_engine):
     prompt_a = text_tokens(tiny_engine, 50, seed=23)
     prompt_b = text_tokens(tiny_engine, 50, seed=24)

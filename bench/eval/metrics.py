@@ -127,6 +127,8 @@ def summarize(results: List[dict]) -> dict:
         # the cost of keeping the user's messages verbatim: tokens per rebased context (issue 12)
         "summary_tokens_mean": _mean([c.get("summary_tokens", 0) for c in comps if c["kind"] == "rebased"]),
         "kept_tokens_mean": _mean([c.get("kept_tokens", 0) for c in comps if c["kind"] == "rebased"]),
+        # of which already in place (an extended summary's previous text: its KV not computed again)
+        "summary_reused_mean": _mean([c.get("summary_reused", 0) for c in comps if c["kind"] == "rebased"]),
         "summaries": sum(len(r["summaries"]) for r in results),
         "fact_recall_mean": _mean(recalls),
         **model_text(results),

@@ -67,7 +67,8 @@ class Recorder:
                                          "stall_ms": getattr(e, "stall_ms", 0.0),
                                          "fallback": bool(getattr(e, "fallback", False)),
                                          "summary_tokens": getattr(e, "summary_tokens", 0),
-                                         "kept_tokens": getattr(e, "kept_tokens", 0)})
+                                         "kept_tokens": getattr(e, "kept_tokens", 0),
+                                         "summary_reused": getattr(e, "summary_reused", 0)})
                 if e.name == "rebased":
                     self.stalls_ms.append(e.stall_ms)
                     model = None if e.fallback else self._ready_text

@@ -19,6 +19,8 @@ def token_delta(before: dict, after: dict, decode: int) -> dict:
            "probe": after["rows"]["probe"] - before["rows"]["probe"],
            "background": after["rows"]["background"] - before["rows"]["background"]}
     out["total"] = sum(out.values())
+    # (not evaluated, so not in the total: rebased tokens found already in place and shared)
+    out["reused"] = after.get("rebase_reused_rows", 0) - before.get("rebase_reused_rows", 0)
     return out
 
 

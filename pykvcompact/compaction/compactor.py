@@ -190,7 +190,8 @@ class Compactor:
                        int(info.get("catch_up_tokens", 0)), trigger=trigger, prepared=prepared,
                        engine_stall_ms=info.get("stall_ms"), wait_ms=wait_ms, fallback=summary.fallback,
                        worst_stall_ms=self.worst_stall_ms, summary_tokens=len(replacement.tokens),
-                       kept_tokens=self.maker.kept_tokens(replacement.msg))
+                       kept_tokens=self.maker.kept_tokens(replacement.msg),
+                       summary_reused=int(info.get("summary_reused", 0)))
         self.emit(e)
         return e
 

@@ -47,6 +47,7 @@ class Swap:
         replaced = ctx.entries[ctx.n_prefix:replacement.cut]
         span = ctx.span(replacement.cut)
         before = len(ctx)
+        old_span = ctx.seq.tokens[span[0]:span[1]]
         self.transcript.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
         while True:
@@ -78,6 +79,7 @@ class Swap:
         ctx.n = len(ctx.seq)
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
         info["tokens_before"], info["tokens_after"] = before, ctx.n
+        info["summary_reused"] = same_start(old_span, replacement.tokens)
         info["offloaded"] = sum(1 for e in replaced if not e.summary)
         return info
 
@@ -119,17 +121,19 @@ class Swap:
         seq = self.ctx.seq
         old = seq.tokens
         t0 = time.perf_counter()
+        # (a summary that starts as the one it replaces keeps those tokens: the same KV, not computed again)
+        same = same_start(old[prefix_tok:cut_token], repl)
         try:
-            seq.truncate(prefix_tok)
+            seq.truncate(prefix_tok + same)
         except errors.UnsupportedOperationError:   # recurrent and hybrid memories: a prepared rebase instead
             return None
         try:
-            seq.append(list(repl) + old[cut_token:])
+            seq.append(list(repl[same:]) + old[cut_token:])
         except BaseException:
-            self._restore(old, prefix_tok)
+            self._restore(old, prefix_tok + same)
             raise
         return {"mode": "exact", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0,
-                "in_place": True}
+                "in_place": True, "reused_tokens": same}
 
     def _restore(self, old: List[int], prefix_tok: int) -> None:
         """The sequence holds ``old`` again after a failed in-place rebuild: its tail appended again, else a
@@ -153,6 +157,16 @@ class Swap:
         except BaseException:
             self.ctx.lost = old
             raise
+
+
+def same_start(old: List[int], new: List[int]) -> int:
+    """How many tokens ``new`` begins with that ``old`` begins with too."""
+    n = 0
+    for a, b in zip(old, new):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _cancel(rebase) -> None:

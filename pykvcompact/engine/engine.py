@@ -175,6 +175,8 @@ class Engine:
             "decode_ms": float(raw["decode_ms"]),
             "rebases": int(raw["rebases"]),
             "catch_up_rows": int(raw["catch_up_rows"]),
+            # replacement tokens a rebase found already in place after its prefix (shared, not fed again)
+            "rebase_reused_rows": int(raw["rebase_reused_rows"]),
             "forks": int(raw["forks"]),
             "used_cells": int(raw["used_cells"]),
             "reserved_cells": int(raw["reserved_cells"]),   # promised to foreground appends and replies

@@ -162,10 +162,12 @@ class Rebase:
             self.sequence.engine.native().cancel_rebase(self.id)
 
     def __del__(self):
-        # A dropped preparation gives its slot and cells back (never raise from a finalizer).
+        # A dropped preparation gives its slot and cells back at the engine's next pause between steps; the
+        # collecting thread does not wait for it (never raise from a finalizer).
         try:
-            if not self._committed:
-                self.cancel()
+            if not self._committed and not self._j.done() and not self.sequence.closed \
+                    and not self.sequence.engine.closed:
+                self.sequence.engine.native().cancel_rebase_later(self.id)
         except Exception:
             pass
 
