@@ -75,6 +75,7 @@ SeqState & KvBook::fork(uint64_t src_h, bool internal, size_t n) {
     dst.cells.assign(src.cells.begin(), src.cells.begin() + (long) n_cells);
     for (CellId c : dst.cells) ledger_.hold(c);
     dst.shift_pending = n_cells > 0 && src.shift_pending;  // it may share the moved cells
+    dst.spliced = src.spliced;
     if (n_tok == src.size() && src.logits_valid) {
         dst.logits = logits_copy(src);
         dst.logits_valid = true;
@@ -104,6 +105,7 @@ void KvBook::take_over(SeqState & m, uint64_t shadow_h) {
     m.logits_valid = sh.logits_valid;
     m.logits_row = sh.logits_row;
     m.shift_pending = sh.shift_pending;
+    m.spliced = sh.spliced;
     rollback_.erase(shadow_h);
     seqs_.erase(shadow_h);
 }

@@ -164,6 +164,7 @@ PYBIND11_MODULE(_native, m) {
         .def("seq_tokens", &Engine::seq_tokens, py::arg("handle"), Release())
         .def("seq_len", &Engine::seq_len, py::arg("handle"), Release())
         .def("seq_pos_range", &Engine::seq_pos_range, py::arg("handle"), Release())
+        .def("seq_spliced", &Engine::seq_spliced, py::arg("handle"), Release())
         .def("seq_slot", &Engine::seq_slot, py::arg("handle"), Release())
         .def("seq_fork", &Engine::seq_fork, py::arg("handle"), py::arg("n_tokens") = -1, Release())
         .def("seq_truncate", &Engine::seq_truncate, py::arg("handle"), py::arg("n_tokens"), Release())

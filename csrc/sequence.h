@@ -34,6 +34,9 @@ struct SeqState {
     // at the next llama_decode, so until then the cache holds un-rotated K for them. Cleared by the
     // next successful decode (of any batch: the update runs over the whole cache).
     bool shift_pending = false;
+    // A splice moved some of its cells: their KV was computed after another prefix (approximate), so a
+    // rebase never takes its tokens as already in place (Engine::prepare_rebase). Forks and shadows inherit it.
+    bool spliced = false;
     // A decode failed after llama.cpp had advanced this sequence's recurrent state, which cannot be rolled
     // back in part: its memory was cleared whole and every later task on it fails (re-applying the batch
     // to the advanced state would corrupt it silently). Its tokens stay readable.

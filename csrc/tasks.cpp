@@ -329,6 +329,7 @@ void RebaseTask::swap(KvBook & kv) {
     m.epoch += 1;
     info["tokens_after"] = (double) m.size();
     info["catch_up_tokens"] = (double) catch_up_rows;
+    info["reused_tokens"] = (double) reused;
     info["stall_ms"] = ms_since(commit_started);
     kv.counters().rebases += 1;
     kv.counters().catch_up_rows += catch_up_rows;
@@ -347,6 +348,7 @@ void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
         llama_memory_seq_add(mem, m.sid, (llama_pos) kf, -1, delta);
         m.shift_pending = true;  // K is rotated at the next decode; see SeqState::shift_pending
     }
+    m.spliced = true;
     if (R > 0) llama_memory_seq_cp(mem, sh.sid, m.sid, (llama_pos) kp, (llama_pos) (kp + R));
     std::vector<llama_token> toks(m.tokens.begin(), m.tokens.begin() + (long) kp);
     std::vector<CellId> cells(m.cells.begin(), m.cells.begin() + (long) kp);

@@ -166,6 +166,7 @@ struct RebaseTask : Task {
     bool committing = false;
     std::chrono::steady_clock::time_point commit_started;
     long catch_up_rows = 0;
+    size_t reused = 0;   // replacement tokens found already in place and shared (Engine::prepare_rebase)
     std::promise<std::map<std::string, double>> commit_promise;
 
     size_t rows_to_catch_up(KvBook & kv);

@@ -217,7 +217,13 @@ class FakeSeq:
             slot._tokens = self._tokens[:keep_prefix]
             slot._grow(list(replacement) + self._tokens[keep_from:], "background")
         self.engine.rebases_prepared += 1
-        return FakeRebase(self, keep_prefix, replacement, keep_from, mode, slot)
+        rb = FakeRebase(self, keep_prefix, replacement, keep_from, mode, slot)
+        # (as the engine: replacement tokens equal to the ones they replace are kept, not fed again)
+        rb.reused = 0
+        while (rb.reused < len(replacement) and keep_prefix + rb.reused < keep_from
+               and self._tokens[keep_prefix + rb.reused] == list(replacement)[rb.reused]):
+            rb.reused += 1
+        return rb
 
     def commit_rebase(self, rb):
         self._live()
@@ -241,7 +247,7 @@ class FakeSeq:
         self.engine.commits += 1
         rb.committed = True
         return {"mode": rb.mode, "tokens_before": before, "tokens_after": len(self._tokens), "stall_ms": 0.01,
-                "catch_up_tokens": max(0, catch)}
+                "catch_up_tokens": max(0, catch), "reused_tokens": getattr(rb, "reused", 0)}
 
     def close(self):
         if not self.closed:

@@ -135,7 +135,7 @@ def test_a_replacement_that_starts_like_the_span_it_replaces_reuses_those_cells(
         after = tiny_engine.stats()
         expect = toks[:20] + repl + toks[150:]
         assert s.tokens == expect and s.pos_range() == (0, len(expect) - 1)
-        assert after["rebase_reused_rows"] - before["rebase_reused_rows"] == 40
+        assert after["rebase_reused_rows"] - before["rebase_reused_rows"] == 40 == info["reused_tokens"]
         # fed: the 25 new replacement tokens and the 50-token tail, not the 40 reused ones
         fed = after["rows"]["background"] + after["catch_up_rows"] - before["rows"]["background"] - before["catch_up_rows"]
         assert fed == 25 + 50
@@ -165,6 +165,27 @@ def test_reuse_stops_at_the_replaced_span(tiny_engine, mode):
         if mode == "exact":
             with tiny_engine.sequence(expect) as fresh:
                 assert_logits_close(s.logits(), fresh.logits())
+
+
+def test_no_reuse_of_cells_a_splice_moved(tiny_engine):
+    # a splice keeps the tail's cells, computed after the old prefix: they are not "the same tokens after
+    # the same prefix", so a later rebase feeds them again instead of taking them as in place
+    toks = text_tokens(tiny_engine, 150, seed=35)
+    with tiny_engine.sequence(toks) as s:
+        assert not s.spliced
+        rb = s.prepare_rebase(10, text_tokens(tiny_engine, 12, seed=36), 60, mode="splice")
+        assert rb.wait(timeout=30)
+        s.commit_rebase(rb)
+        assert s.spliced
+        now = s.tokens
+        before = tiny_engine.stats()["rebase_reused_rows"]
+        rb = s.prepare_rebase(5, now[5:40] + [7, 8, 9], 60)
+        assert rb.wait(timeout=30)
+        info = s.commit_rebase(rb)
+        assert info["reused_tokens"] == 0 and tiny_engine.stats()["rebase_reused_rows"] == before
+        assert s.tokens == now[:5] + now[5:40] + [7, 8, 9] + now[60:]
+        with s.fork() as f:
+            assert f.spliced   # (forks inherit it)
 
 
 def test_background_generation_shares_batches_with_foreground(tiny_engine):

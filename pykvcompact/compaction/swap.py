@@ -47,7 +47,6 @@ class Swap:
         replaced = ctx.entries[ctx.n_prefix:replacement.cut]
         span = ctx.span(replacement.cut)
         before = len(ctx)
-        old_span = ctx.seq.tokens[span[0]:span[1]]
         self.transcript.offload(replaced, reason)                                   # (1)
         t0 = time.perf_counter()
         while True:
@@ -79,7 +78,7 @@ class Swap:
         ctx.n = len(ctx.seq)
         info.setdefault("build_ms", (time.perf_counter() - t0) * 1000.0)
         info["tokens_before"], info["tokens_after"] = before, ctx.n
-        info["summary_reused"] = same_start(old_span, replacement.tokens)
+        info["summary_reused"] = int(info.get("reused_tokens", 0))   # (what the engine kept: 0 for a fresh sequence)
         info["offloaded"] = sum(1 for e in replaced if not e.summary)
         return info
 
@@ -122,7 +121,7 @@ class Swap:
         old = seq.tokens
         t0 = time.perf_counter()
         # (a summary that starts as the one it replaces keeps those tokens: the same KV, not computed again)
-        same = same_start(old[prefix_tok:cut_token], repl)
+        same = 0 if seq.spliced else same_start(old[prefix_tok:cut_token], repl)   # (spliced cells: approximate)
         try:
             seq.truncate(prefix_tok + same)
         except errors.UnsupportedOperationError:   # recurrent and hybrid memories: a prepared rebase instead

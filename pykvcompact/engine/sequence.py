@@ -81,6 +81,12 @@ class Sequence:
     def text(self) -> str:
         return self.engine.detokenize(self.tokens)
 
+    @property
+    def spliced(self) -> bool:
+        """A splice rebase moved some of this sequence's cells: their KV was computed after another prefix
+        (approximate), so no rebase takes its tokens as already in place."""
+        return bool(self._n().seq_spliced(self._h))
+
     def pos_range(self) -> tuple[int, int]:
         """(pos_min, pos_max) of this sequence in the KV cache as llama.cpp reports them; (-1, -1) if empty."""
         lo, hi = self._n().seq_pos_range(self._h)
@@ -279,7 +285,8 @@ class Sequence:
             raise
         rebase.mark_committed()
         return {"mode": rebase.mode, "tokens_before": int(info["tokens_before"]), "tokens_after": int(info["tokens_after"]),
-                "stall_ms": float(info["stall_ms"]), "catch_up_tokens": int(info["catch_up_tokens"])}
+                "stall_ms": float(info["stall_ms"]), "catch_up_tokens": int(info["catch_up_tokens"]),
+                "reused_tokens": int(info.get("reused_tokens", 0))}   # (of the replacement: already in place)
 
     def close(self) -> None:
         """Free the sequence's slot and its cells (cells shared with forks stay for them)."""

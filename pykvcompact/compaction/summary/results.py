@@ -128,11 +128,14 @@ def _result_of(tidx: int, m: dict, calls: Dict[str, Tuple[str, dict]], noted: Op
     return Result(tidx, f"- {label}{LAST_OF.format(n=len(lines))}: {_clip(lines[-1])}", False, 3)
 
 
+LAST_TIER = 3   # a long output's last line: the first left out
+
+
 def tier_of(line: str) -> int:
     """The priority tier of a listed line (see the module's doc): 1 is kept longest."""
     if line.startswith(f"- {CLAIM}"):
         return 1
-    return 3 if _LAST_OF_RE.match(line) else 2
+    return LAST_TIER if _LAST_OF_RE.match(line) else 2
 
 
 def _key(line: str) -> str:
@@ -148,6 +151,13 @@ def _call_key(line: str) -> Optional[str]:
         head = head[len(NOTED) + 1:]
     m = re.match(r"^(.*?)(?:, last of \d+ lines)?: ", head)
     return m.group(1) if m else None
+
+
+def supersedes(old: Sequence[str], new: Sequence[str]) -> bool:
+    """Does a line of ``new`` answer a call that a line of ``old`` answers (a newer output of the same call,
+    which :func:`merge` keeps instead of the older one)?"""
+    calls = {_call_key(x) for x in old} - {None}
+    return any(_call_key(x) in calls for x in new)
 
 
 def merge(carried: Sequence[str], new: Iterable[Result]) -> List[str]:
@@ -206,4 +216,4 @@ def section(lines: Sequence[str], dropped: int = 0, searchable: bool = False) ->
     return RESULTS_HEADING + "\n" + "\n".join(body)
 
 
-__all__ = ["RESULTS_HEADING", "Result", "extract", "merge", "fit", "section", "tier_of"]
+__all__ = ["RESULTS_HEADING", "LAST_TIER", "Result", "extract", "merge", "supersedes", "fit", "section", "tier_of"]

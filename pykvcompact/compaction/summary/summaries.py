@@ -25,6 +25,7 @@ from ..swap import Replacement
 from .shares import SummaryShares
 from .plan import Plan, first_user, plan_summary
 from .fallback import fallback_text, give_up, trim_lines_end, users_words
+from .extension import extend, previous_summary
 
 
 MAX_SHRINK = 3   # smaller plans a swap may fall back to when its rebased context does not fit the pool
@@ -179,6 +180,10 @@ class SummaryMaker:
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
         self._judge(summary, rest, plan)
+        if level == 0:
+            extended = self._extended(cut, plan, summary, new_standing, rest, count)
+            if extended is not None:
+                return extended
         share = self.shares.results(plan.results)
         model = self.shares.text() - share      # the model's (or the fallback's) share of the text budget
         carry = self.shares.carried() + max(0, model - summary.tokens)
@@ -251,6 +256,30 @@ class SummaryMaker:
         self.meta[id(msg)] = SummaryMeta(kept, body.strip(), standing, results, dropped)
         if level < MAX_SHRINK:
             replacement.smaller = lambda: self.replacement(cut, summary, level + 1)
+        return replacement
+
+    def _extended(self, cut: int, plan: Plan, summary: Summary, standing: List[str], rest: str, count
+                  ) -> Optional[Replacement]:
+        """The previous summary extended by what the rest of the span adds (extension.py), when the span
+        begins with it and the extension fits the budget; None otherwise (the summary is rewritten)."""
+        ctx = self.ctx
+        previous = previous_summary(ctx.entries, ctx.n_prefix, cut)
+        meta = self.meta.get(id(previous.msg)) if previous is not None else None
+        if meta is None or not isinstance(previous.msg.get("content"), str):
+            return None
+        new_span = ctx.cut_token(cut) - ctx.cut_token(ctx.n_prefix + 1)
+        extended = extend(previous.msg["content"], meta, kept=plan.kept, standing=standing,
+                          text="" if summary.fallback else rest, results=plan.results, cap=max(0, new_span // 4),
+                          limit=self.budget.total, count=count, searchable=self.searchable)
+        if extended is None:
+            return None
+        content, new_meta = extended
+        msg = {"role": "user", "content": content, "summary": True}
+        replacement = self._rendered(cut, msg)
+        if len(replacement.tokens) > self.budget.total:
+            return None
+        self.meta[id(msg)] = new_meta
+        replacement.smaller = lambda: self.replacement(cut, summary, 1)   # (no room for it: a smaller rewrite)
         return replacement
 
     def _judge(self, summary: Summary, rest: str, plan: Plan) -> None:
