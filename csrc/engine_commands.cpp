@@ -208,11 +208,10 @@ std::shared_ptr<Job> Engine::seq_generate(uint64_t h, int max_tokens, const Samp
 }
 
 std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, size_t keep_prefix,
-                                                               const std::vector<llama_token> & replacement_in,
+                                                               const std::vector<llama_token> & replacement,
                                                                size_t keep_from, bool splice) {
-    validate_tokens(replacement_in);
+    validate_tokens(replacement);
     return run_on_engine_thread([&] {
-        std::vector<llama_token> replacement = replacement_in;
         SeqState & m = kv_->usable(h);
         if (keep_prefix > keep_from || keep_from > m.size()) {
             throw std::invalid_argument("rebase needs 0 <= keep_prefix <= keep_from <= len(sequence); got keep_prefix=" +
@@ -229,34 +228,31 @@ std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, siz
             throw ContextFullError("the rebased sequence would have " + std::to_string(target) + " tokens, more than n_ctx=" +
                                    std::to_string(n_ctx_) + "; keep fewer tokens or use a shorter replacement");
         }
-        // A replacement that begins with the tokens it replaces (a summary that starts as the one before it
-        // did) keeps them as prefix: the same tokens at the same positions after the same prefix have the
-        // same KV, so their cells are shared instead of computed again.  The result is the same sequence.
-        // Not where no cell is shared (recurrent state, sliding window: below), nor on cells a splice computed
-        // after another prefix.
+        // The prefix's cells are shared where the memory allows it and it is exact: not a recurrent state, and
+        // not on a sliding-window model, where a shadow built on shared cells was measured inexact (tiny
+        // gemma2, n_swa=32: 4e-2 off a fresh sequence when it fed from past about len - 110 with a tail;
+        // not understood; fed whole it is exact).  Otherwise they are fed again.
+        const bool shares = !recurrent_state() && n_swa_ == 0;
+        // Where cells are shared, a replacement that begins with the tokens it replaces (a summary that starts
+        // as the one before it did) keeps them as prefix: the same tokens at the same positions after the same
+        // prefix have the same KV.  The result is the same sequence.  Not on cells a splice computed after
+        // another prefix.
         size_t same = 0;
-        if (!recurrent_state() && !m.spliced && n_swa_ == 0) {
+        if (shares && !m.spliced) {
             const size_t reach = std::min(keep_from, m.evaluated());
             while (same < replacement.size() && keep_prefix + same < reach &&
                    m.tokens[keep_prefix + same] == replacement[same]) {
                 ++same;
             }
         }
-        if (same > 0) {
-            keep_prefix += same;
-            replacement.erase(replacement.begin(), replacement.begin() + (long) same);
-        }
-        // The prefix's cells are shared where the memory allows it and it is exact: not a recurrent state, and
-        // not on a sliding-window model, where a shadow built on shared cells was measured inexact (tiny
-        // gemma2, n_swa=32: 4e-2 off a fresh sequence when it fed from past about len - 110 with a tail;
-        // not understood; fed whole it is exact).  Otherwise they are fed again.
-        const size_t shared = (recurrent_state() || n_swa_ > 0) ? 0 : std::min(keep_prefix, m.evaluated());
+        keep_prefix += same;
+        const size_t shared = shares ? std::min(keep_prefix, m.evaluated()) : 0;
         std::vector<llama_token> fed_first(m.tokens.begin() + (long) shared, m.tokens.begin() + (long) keep_prefix);
-        fed_first.insert(fed_first.end(), replacement.begin(), replacement.end());
+        fed_first.insert(fed_first.end(), replacement.begin() + (long) same, replacement.end());
         SeqState & shadow = kv_->fork(h, true, shared);
         kv_->counters().rebase_reused_rows += (long) same;
         auto t = std::make_unique<RebaseTask>(h, shadow.handle, keep_prefix, keep_from, std::move(fed_first), splice,
-                                              replacement.size(), m.epoch);
+                                              replacement.size() - same, m.epoch);
         if (splice) t->main_fed = m.size();
         t->reused = same;
         t->logits_every_chunk = recurrent_state();

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from . import results as res
-from .keeper import STANDING_HEADING, USERS_HEADING, Candidate, SummaryMeta, merge_standing
+from .keeper import STANDING_HEADING, Candidate, SummaryMeta, merge_standing, same_text, users_section
 
 LATER_HEADING = "[Later, before this point:]"
 
@@ -25,8 +25,7 @@ def addition(kept: Sequence[Candidate], standing: Sequence[str], text: str, list
     """The text appended to the summary: the heading, then the parts that hold anything."""
     parts = [LATER_HEADING]
     if kept:
-        parts.append(USERS_HEADING + "\n" + "\n".join(
-            (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept))
+        parts.append(users_section(kept))
     if standing:
         parts.append(STANDING_HEADING + "\n" + "\n".join(standing))
     if text.strip():
@@ -47,8 +46,8 @@ def extend(previous: str, meta: SummaryMeta, *, kept: Sequence[Candidate], stand
     built without it: its other lines are the user's words, kept already, or counts of a span that is
     gone); ``results``: the rewrite's list of lines (those ``meta`` lists are left out); ``cap``: the
     tokens the new lines may take (a share of what the new span held)."""
-    had, said = {c.tidx for c in meta.kept}, {_same(c.content) for c in meta.kept}
-    kept = [c for c in kept if c.tidx not in had and _same(c.content) not in said]   # (a repeat is kept once)
+    had, said = {c.tidx for c in meta.kept}, {same_text(c.content) for c in meta.kept}
+    kept = [c for c in kept if c.tidx not in had and same_text(c.content) not in said]   # (a repeat is kept once)
     standing = merge_standing(meta.standing, standing)[len(merge_standing(meta.standing)):]
     listed_before = set(meta.results)
     fresh = [x for x in results if x not in listed_before]
@@ -70,10 +69,6 @@ def extend(previous: str, meta: SummaryMeta, *, kept: Sequence[Candidate], stand
     body = (meta.body + "\n" + text.strip()).strip() if text.strip() else meta.body
     return content, SummaryMeta(list(meta.kept) + kept, body, merge_standing(meta.standing, standing),
                                 list(meta.results) + lines, meta.left_out + left_out)
-
-
-def _same(text: str) -> str:
-    return " ".join(text.split()).lower()
 
 
 def previous_summary(entries: List, n_prefix: int, cut: int):

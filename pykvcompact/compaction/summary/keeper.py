@@ -206,7 +206,7 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
         if must_limit is None or used + c.tokens <= must_limit:
             kept.append(c)
             used += c.tokens
-            texts.add(_same_text(c.content))
+            texts.add(same_text(c.content))
         else:
             over.append(c)
     for c in over:   # clipped with what the whole ones left (a pinned message that fits stays whole)
@@ -219,12 +219,12 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
         if short is not None:
             kept.append(short)
             used += short.tokens
-            texts.add(_same_text(c.content))
+            texts.add(same_text(c.content))
     for c in reversed([c for c in uniq if not (c.pinned or c.first)]):
-        if c.role == "user" and _same_text(c.content) in texts:
+        if c.role == "user" and same_text(c.content) in texts:
             continue
         if c.role == "user":
-            texts.add(_same_text(c.content))
+            texts.add(same_text(c.content))
         if c.role == "user" and used + c.tokens <= budget:
             kept.append(c)
             used += c.tokens
@@ -234,8 +234,15 @@ def plan_kept(cands: Sequence[Candidate], budget: int, must_limit: Optional[int]
     return sorted(kept, key=order), sorted(overflow, key=order)
 
 
-def _same_text(text: str) -> str:
+def same_text(text: str) -> str:
+    """``text`` as compared for repeats: whitespace collapsed, lower case."""
     return " ".join((text or "").split()).lower()
+
+
+def users_section(kept: Sequence[Candidate]) -> str:
+    """The kept messages under their heading (a pinned message that is not the user's says so)."""
+    return USERS_HEADING + "\n" + "\n".join(
+        (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept)
 
 
 def trim_lines(text: str, budget: int, count: Callable[[str], int]) -> str:
@@ -257,8 +264,7 @@ def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
     facts" above the copied registry lines, and the model answered from the nearer, wrong list)."""
     parts = [header]
     if kept:
-        parts.append(USERS_HEADING + "\n" + "\n".join(
-            (f"[{c.role}, pinned] " if c.pinned and c.role != "user" else "") + c.content for c in kept))
+        parts.append(users_section(kept))
     parts.append(STANDING_HEADING + ("\n" + "\n".join(standing) if standing else " none"))
     if carried.strip():
         parts.append(CARRIED_HEADING + "\n" + carried.strip())
@@ -271,4 +277,4 @@ def compose(header: str, kept: Sequence[Candidate], carried: str, text: str,
 
 __all__ = ["Candidate", "SummaryMeta", "plan_kept", "trim_lines", "compose", "USERS_HEADING", "CARRIED_HEADING",
            "STANDING_HEADING", "message_text", "split_standing", "merge_standing", "trim_standing", "clip_middle", "clipped",
-           "budget_items"]
+           "budget_items", "same_text", "users_section"]
