@@ -7,7 +7,9 @@ from ``session.stream`` in the order they happen.  The spec'd fields come first,
 - ``probe(verdict, p, tokens, ms)``
 - ``summary_started(mark)``
 - ``summary_ready(tokens, ms)``
-- ``rebased(mode, tokens_before, tokens_after, stall_ms, catch_up_tokens)``
+- ``rebased(mode, tokens_before, tokens_after, stall_ms, catch_up_tokens)``: ``catch_up_tokens`` are the
+  rows the swap decoded while the conversation waited (a prepared commit's last few tokens; the summary
+  and the raw tail of a swap nobody prepared)
 - ``offloaded(path, messages)``
 - ``tool_refused(fill)``
 

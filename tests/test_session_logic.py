@@ -441,7 +441,8 @@ def test_background_uses_the_headroom_above_hard_while_the_summary_is_written(tm
     # max_stall_ms, and swapped onto the fallback summary
     # (a preparation started before the switch may still finish and commit early: that one was prepared)
     assert late and all(e.prepared or e.tokens_before >= s.window - s._compactor.margin - 60 for e in late)
-    assert all(e.prepared or (e.fallback and e.wait_ms < s.policy.max_stall_ms + 100) for e in late)
+    # (+400 ms: a shared CI machine may pause this thread; a wait without the bound would never end here)
+    assert all(e.prepared or (e.fallback and e.wait_ms < s.policy.max_stall_ms + 400) for e in late)
     assert sum(e.fallback for e in late) >= 3
     check_invariants(s)
 

@@ -108,7 +108,9 @@ class Swap:
         toks = seq.tokens
         new = self.ctx.engine.sequence(toks[:prefix_tok] + list(repl) + toks[cut_token:])
         self.ctx.replace_sequence(new)
-        return {"mode": "rebuild", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0}
+        # (catch_up_tokens: what the swap decoded on the conversation's own path, here all of it)
+        return {"mode": "rebuild", "stall_ms": (time.perf_counter() - t0) * 1000.0,
+                "catch_up_tokens": len(new.tokens)}
 
 
     def _rebuild_in_place(self, prefix_tok: int, repl: List[int], cut_token: int) -> Optional[dict]:
@@ -126,12 +128,15 @@ class Swap:
             seq.truncate(prefix_tok + same)
         except errors.UnsupportedOperationError:   # recurrent and hybrid memories: a prepared rebase instead
             return None
+        fed = list(repl[same:]) + old[cut_token:]
         try:
-            seq.append(list(repl[same:]) + old[cut_token:])
+            seq.append(fed)
         except BaseException:
             self._restore(old, prefix_tok + same)
             raise
-        return {"mode": "exact", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": 0,
+        # catch_up_tokens: the rows this swap decoded on the conversation's path (a commit's last few tokens,
+        # here the summary and the tail): the stall's work, counted where the event says what it cost
+        return {"mode": "exact", "stall_ms": (time.perf_counter() - t0) * 1000.0, "catch_up_tokens": len(fed),
                 "in_place": True, "reused_tokens": same}
 
     def _restore(self, old: List[int], prefix_tok: int) -> None:
