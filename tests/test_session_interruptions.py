@@ -148,6 +148,39 @@ def test_a_retried_summary_attempt_gets_the_preparations_rows(tmp_path, monkeypa
     s.close()
 
 
+def test_the_fallbacks_context_gets_the_deadline_rows_before_the_models_attempt():
+    """The fallback is what the window edge commits when the model is late: while its context is behind,
+    the model's attempt gets only the engine's default chunk (0), the prepared contexts the rows asked
+    for; once the fallback is caught up the attempt gets them too."""
+    from pykvcompact.compaction.preparation import Preparation
+
+    class Work:
+        def __init__(self, done=False):
+            self.rows, self.finished = None, done
+
+        def set_rows_per_step(self, n):
+            self.rows = n
+
+        def done(self):
+            return self.finished
+
+    class Job:
+        attempt = Work()
+
+    p = Preparation(Job(), cut=3, cut_token=100, prefix_tok=10, instructions=None, build=lambda s: None,
+                    reason="hard")
+    p.set_rows(16)
+    assert Job.attempt.rows == 16                       # no fallback yet: the attempt has the rows
+    p.fallback_rebase = Work(done=False)
+    p.set_rows(16)
+    assert Job.attempt.rows == 0 and p.fallback_rebase.rows == 16
+    p.fallback_rebase.finished = True
+    p.set_rows(16)
+    assert Job.attempt.rows == 16 and p.fallback_rebase.rows == 16
+    p.set_rows(0)
+    assert Job.attempt.rows == 0 and p.fallback_rebase.rows == 0
+
+
 def test_a_large_turn_seen_a_while_ago_still_gets_room_from_one_swap(tmp_path):
     """A file read every few tasks, small turns between: the room a prepared swap leaves is sized by the
     largest turn of a longer memory than the pace's (4 calls), so the large turn needs one swap, not a

@@ -33,7 +33,7 @@ class Preparation:
         self.rows = 0                                # rows per step granted (see set_rows)
         self.written = 0                             # summary tokens written when the edge came (use_fallback)
         self.pace = None                             # and the attempt's (prompt seconds, tokens/s) then
-        self._granted = None                         # the summary attempt they were granted to
+        self._granted = None                         # (rows, attempt, fallback behind) last granted
 
     # ------------------------------------------------------------------ state
     @property
@@ -100,12 +100,19 @@ class Preparation:
 
     def set_rows(self, n: int) -> None:
         """Rows per engine step the summary and the prepared contexts may take next to the conversation's
-        own decoding (0: the engine's default chunk).  Raised as the window edge nears."""
+        own decoding (0: the engine's default chunk).  Raised as the window edge nears.  While the
+        fallback's context is behind, the model's attempt gets the default chunk only: the fallback is what
+        the edge commits when the model is late, and the two sharing the rows left both behind (measured,
+        Qwen2.5-Coder-1.5B, 2 cores: an attempt started 8 s before the edge, abandoned there, and a 10 s
+        stall prefilling the fallback's context)."""
         a = self.job.attempt
-        if n == self.rows and a is self._granted:
+        behind = self.fallback_rebase is not None and not self.fallback_rebase.done()
+        key = (n, a, behind)
+        if key == self._granted:
             return
-        self.rows, self._granted = n, a  # (a retried attempt is a new one: it is granted too)
-        for x in (a, self.rebase, self.fallback_rebase):
+        self.rows, self._granted = n, key  # (a retried attempt is a new one: it is granted too)
+        grant_rows(a, 0 if behind else n)
+        for x in (self.rebase, self.fallback_rebase):
             grant_rows(x, n)
 
     def _grant(self, x) -> None:
