@@ -8,8 +8,10 @@ from ``session.stream`` in the order they happen.  The spec'd fields come first,
 - ``summary_started(mark)``
 - ``summary_ready(tokens, ms)``
 - ``rebased(mode, tokens_before, tokens_after, stall_ms, catch_up_tokens)``: ``catch_up_tokens`` are the
-  rows the swap decoded while the conversation waited (a prepared commit's last few tokens; the summary
-  and the raw tail of a swap nobody prepared)
+  rows the swap decoded on the conversation's own sequence (foreground) while it waited: a prepared
+  commit's last few tokens; the summary and the raw tail of a swap rebuilt in place; the whole new
+  sequence of the last-resort fresh one.  A rebase prepared at the swap and waited for (splice, recurrent
+  models, a remote engine) is decoded as background rows and counts only its commit's last tokens
 - ``offloaded(path, messages)``
 - ``tool_refused(fill)``
 

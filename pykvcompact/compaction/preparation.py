@@ -101,10 +101,11 @@ class Preparation:
     def set_rows(self, n: int) -> None:
         """Rows per engine step the summary and the prepared contexts may take next to the conversation's
         own decoding (0: the engine's default chunk).  Raised as the window edge nears.  While the
-        fallback's context is behind, the model's attempt gets the default chunk only: the fallback is what
-        the edge commits when the model is late, and the two sharing the rows left both behind (measured,
-        Qwen2.5-Coder-1.5B, 2 cores: an attempt started 8 s before the edge, abandoned there, and a 10 s
-        stall prefilling the fallback's context)."""
+        fallback's context is behind, the model's attempt gets no rows of its own, and beside the
+        conversation's decoding next to nothing (the deadline rows spend the background share's credit):
+        the fallback is what the edge commits when the model is late, and the two sharing the rows left
+        both behind (measured, Qwen2.5-Coder-1.5B, 2 cores: an attempt started 8 s before the edge,
+        abandoned there, and a 10 s stall prefilling the fallback's context)."""
         a = self.job.attempt
         behind = self.fallback_rebase is not None and not self.fallback_rebase.done()
         key = (n, a, behind)
