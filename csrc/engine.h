@@ -112,7 +112,7 @@ public:
     std::vector<llama_token> seq_tokens(uint64_t h);
     size_t seq_len(uint64_t h);
     std::pair<int, int> seq_pos_range(uint64_t h);  // llama_memory_seq_pos_min/max
-    bool seq_spliced(uint64_t h);   // a splice moved some of its cells (their KV is approximate)
+    bool seq_spliced(uint64_t h);   // a splice moved some of its cells (approximate from there on)
     int seq_slot(uint64_t h);
     uint64_t seq_fork(uint64_t h, int64_t n_tokens);  // n_tokens < 0: all
     void seq_truncate(uint64_t h, size_t n);

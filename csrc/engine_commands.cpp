@@ -108,7 +108,7 @@ std::vector<float> Engine::seq_logits(uint64_t h) {
 std::vector<llama_token> Engine::seq_tokens(uint64_t h) { return run_on_engine_thread([&] { return kv_->get(h).tokens; }); }
 size_t Engine::seq_len(uint64_t h) { return run_on_engine_thread([&] { return kv_->get(h).size(); }); }
 int Engine::seq_slot(uint64_t h) { return run_on_engine_thread([&] { return (int) kv_->get(h).sid; }); }
-bool Engine::seq_spliced(uint64_t h) { return run_on_engine_thread([&] { return kv_->get(h).spliced; }); }
+bool Engine::seq_spliced(uint64_t h) { return run_on_engine_thread([&] { return kv_->get(h).spliced(); }); }
 
 std::pair<int, int> Engine::seq_pos_range(uint64_t h) {
     return run_on_engine_thread([&] {
@@ -235,11 +235,11 @@ std::pair<uint64_t, std::shared_ptr<Job>> Engine::prepare_rebase(uint64_t h, siz
         const bool shares = !recurrent_state() && n_swa_ == 0;
         // Where cells are shared, a replacement that begins with the tokens it replaces (a summary that starts
         // as the one before it did) keeps them as prefix: the same tokens at the same positions after the same
-        // prefix have the same KV.  The result is the same sequence.  Not on cells a splice computed after
-        // another prefix.
+        // prefix have the same KV.  The result is the same sequence.  Not past the sequence's exact cells (a
+        // splice's moved tail, computed after another span); a summary before it is reused.
         size_t same = 0;
-        if (shares && !m.spliced) {
-            const size_t reach = std::min(keep_from, m.evaluated());
+        if (shares) {
+            const size_t reach = std::min({keep_from, m.evaluated(), m.exact_upto});
             while (same < replacement.size() && keep_prefix + same < reach &&
                    m.tokens[keep_prefix + same] == replacement[same]) {
                 ++same;

@@ -75,7 +75,7 @@ SeqState & KvBook::fork(uint64_t src_h, bool internal, size_t n) {
     dst.cells.assign(src.cells.begin(), src.cells.begin() + (long) n_cells);
     for (CellId c : dst.cells) ledger_.hold(c);
     dst.shift_pending = n_cells > 0 && src.shift_pending;  // it may share the moved cells
-    dst.spliced = src.spliced;
+    dst.exact_upto = src.exact_upto < n_cells ? src.exact_upto : SeqState::kAllExact;  // (new cells: after exact ones)
     if (n_tok == src.size() && src.logits_valid) {
         dst.logits = logits_copy(src);
         dst.logits_valid = true;
@@ -105,7 +105,7 @@ void KvBook::take_over(SeqState & m, uint64_t shadow_h) {
     m.logits_valid = sh.logits_valid;
     m.logits_row = sh.logits_row;
     m.shift_pending = sh.shift_pending;
-    m.spliced = sh.spliced;
+    m.exact_upto = sh.exact_upto;
     rollback_.erase(shadow_h);
     seqs_.erase(shadow_h);
 }
@@ -124,6 +124,7 @@ void KvBook::drop_tail(SeqState & s, size_t n) {
         s.cells.resize(n);
     }
     s.tokens.resize(n);
+    if (n <= s.exact_upto) s.exact_upto = SeqState::kAllExact;   // what is left was computed in place
     s.logits_valid = false;
     s.logits_row = -1;
 }

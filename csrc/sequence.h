@@ -34,9 +34,13 @@ struct SeqState {
     // at the next llama_decode, so until then the cache holds un-rotated K for them. Cleared by the
     // next successful decode (of any batch: the update runs over the whole cache).
     bool shift_pending = false;
-    // A splice moved some of its cells: their KV was computed after another prefix (approximate), so a
-    // rebase never takes its tokens as already in place (Engine::prepare_rebase). Forks and shadows inherit it.
-    bool spliced = false;
+    // Cells from this position on were computed after other tokens than the ones they now follow (a splice
+    // moved them, or they attend to such cells): approximate, so a rebase never takes them as already in
+    // place (Engine::prepare_rebase); the cells before it are exact. kAllExact: all are. Forks and shadows
+    // inherit it where they share the cells; a truncate at or below it makes the rest exact again.
+    static constexpr size_t kAllExact = (size_t) -1;
+    size_t exact_upto = kAllExact;
+    bool spliced() const { return exact_upto != kAllExact; }
     // A decode failed after llama.cpp had advanced this sequence's recurrent state, which cannot be rolled
     // back in part: its memory was cleared whole and every later task on it fails (re-applying the batch
     // to the advanced state would corrupt it silently). Its tokens stay readable.

@@ -348,7 +348,10 @@ void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
         llama_memory_seq_add(mem, m.sid, (llama_pos) kf, -1, delta);
         m.shift_pending = true;  // K is rotated at the next decode; see SeqState::shift_pending
     }
-    m.spliced = true;
+    // The replacement's cells were computed in the shadow after the same prefix: exact where the shadow's
+    // are. The tail's were computed after the span they no longer follow: approximate from kp + R on.
+    size_t exact = sh.exact_upto;
+    if (m.tokens.size() > kf) exact = std::min(exact, kp + R);
     if (R > 0) llama_memory_seq_cp(mem, sh.sid, m.sid, (llama_pos) kp, (llama_pos) (kp + R));
     std::vector<llama_token> toks(m.tokens.begin(), m.tokens.begin() + (long) kp);
     std::vector<CellId> cells(m.cells.begin(), m.cells.begin() + (long) kp);
@@ -360,6 +363,7 @@ void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
     cells.insert(cells.end(), m.cells.begin() + (long) kf, m.cells.end());
     m.tokens = std::move(toks);
     m.cells = std::move(cells);
+    m.exact_upto = exact;
     m.logits_valid = false;  // recomputed on demand against the spliced cache
     m.logits_row = -1;
 }

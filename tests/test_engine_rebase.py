@@ -168,24 +168,53 @@ def test_reuse_stops_at_the_replaced_span(tiny_engine, mode):
 
 
 def test_no_reuse_of_cells_a_splice_moved(tiny_engine):
-    # a splice keeps the tail's cells, computed after the old prefix: they are not "the same tokens after
-    # the same prefix", so a later rebase feeds them again instead of taking them as in place
+    # a splice keeps the tail's cells, computed after the old span: they are not "the same tokens after
+    # the same prefix", so a later rebase feeds them again instead of taking them as in place; the cells
+    # before them (the prefix, and the replacement computed after it in the shadow) are exact and reused
     toks = text_tokens(tiny_engine, 150, seed=35)
     with tiny_engine.sequence(toks) as s:
         assert not s.spliced
         rb = s.prepare_rebase(10, text_tokens(tiny_engine, 12, seed=36), 60, mode="splice")
         assert rb.wait(timeout=30)
         s.commit_rebase(rb)
-        assert s.spliced
+        assert s.spliced                     # exact up to 10 + 12 = 22, moved from there on
+        with s.fork() as f:
+            assert f.spliced   # (forks inherit it)
+        with s.fork(20) as f:
+            assert not f.spliced   # (a fork of its exact cells only is exact)
         now = s.tokens
         before = tiny_engine.stats()["rebase_reused_rows"]
         rb = s.prepare_rebase(5, now[5:40] + [7, 8, 9], 60)
         assert rb.wait(timeout=30)
         info = s.commit_rebase(rb)
-        assert info["reused_tokens"] == 0 and tiny_engine.stats()["rebase_reused_rows"] == before
-        assert s.tokens == now[:5] + now[5:40] + [7, 8, 9] + now[60:]
-        with s.fork() as f:
-            assert f.spliced   # (forks inherit it)
+        assert info["reused_tokens"] == 17 == tiny_engine.stats()["rebase_reused_rows"] - before   # 5..21
+        expect = now[:5] + now[5:40] + [7, 8, 9] + now[60:]
+        assert s.tokens == expect
+        # the moved cells were fed again after exact ones: the result is a fresh prefill's
+        assert not s.spliced
+        with tiny_engine.sequence(expect) as fresh:
+            assert_logits_close(s.logits(), fresh.logits())
+
+
+def test_a_summary_spliced_in_is_reused_by_the_next_splice(tiny_engine):
+    """Splice twice, the second replacement starting with the first (an extended summary): its cells were
+    computed after the same prefix in the shadow, so they are kept in place, and the summary's part of the
+    result is exact (a fork of it has a fresh prefill's logits)."""
+    toks = text_tokens(tiny_engine, 160, seed=37)
+    summary = text_tokens(tiny_engine, 20, seed=38)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(10, summary, 70, mode="splice")
+        assert rb.wait(timeout=30)
+        s.commit_rebase(rb)
+        now = s.tokens                       # 10 prefix + 20 summary + 90 moved tail
+        addition = text_tokens(tiny_engine, 6, seed=39)
+        rb = s.prepare_rebase(10, summary + addition, 30 + 40, mode="splice")
+        assert rb.wait(timeout=30)
+        info = s.commit_rebase(rb)
+        assert info["reused_tokens"] == 20
+        assert s.tokens == now[:10] + summary + addition + now[70:]
+        with s.fork(36) as f, tiny_engine.sequence(now[:10] + summary + addition) as fresh:
+            assert_logits_close(f.logits(), fresh.logits())
 
 
 def test_background_generation_shares_batches_with_foreground(tiny_engine):

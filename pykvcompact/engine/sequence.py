@@ -83,8 +83,10 @@ class Sequence:
 
     @property
     def spliced(self) -> bool:
-        """A splice rebase moved some of this sequence's cells: their KV was computed after another prefix
-        (approximate), so no rebase takes its tokens as already in place."""
+        """A splice rebase moved some of this sequence's cells: their KV was computed after other tokens than
+        the ones they now follow (approximate), so a rebase takes only the exact cells before them (the prefix
+        and the replacement the splice computed after it) as already in place.  False again once those
+        cells are truncated away or fed again by an exact rebase."""
         return bool(self._n().seq_spliced(self._h))
 
     def pos_range(self) -> tuple[int, int]:
