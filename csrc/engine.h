@@ -61,6 +61,7 @@ struct SeqSnapshot {
     size_t evaluated = 0;          // tokens with KV (all, or all but an unevaluated last one)
     std::vector<float> logits;     // next-token logits (n_vocab), or empty when they were not valid
     std::vector<uint8_t> state;    // llama_state_seq_get_data of the sequence's slot
+    size_t exact_upto = (size_t) -1;   // SeqState::exact_upto (a splice's moved cells are approximate)
 };
 
 // Tests: the next ``count`` engines throw once their context exists, before the engine thread starts
@@ -138,7 +139,7 @@ public:
     SeqSnapshot seq_export(uint64_t h);
     // A new sequence from a snapshot of this model; `state` is only read during the call.
     uint64_t seq_import(const std::vector<llama_token> & tokens, size_t evaluated, const std::vector<float> & logits,
-                        const uint8_t * state, size_t state_size);
+                        const uint8_t * state, size_t state_size, size_t exact_upto = (size_t) -1);
 
 private:
     // urgent: f submits foreground work (it may cut short a background-only decode, see step()).

@@ -34,6 +34,7 @@ SeqSnapshot Engine::seq_export(uint64_t h) {
             }
             snap.tokens = s.tokens;
             snap.evaluated = s.evaluated();
+            snap.exact_upto = s.exact_upto;
             if (s.fully_evaluated()) snap.logits = kv_->logits_copy(s);  // empty when not valid
             const size_t size = llama_state_seq_get_size(ctx_, s.sid);
             snap.state.resize(size);
@@ -53,7 +54,7 @@ SeqSnapshot Engine::seq_export(uint64_t h) {
 }
 
 uint64_t Engine::seq_import(const std::vector<llama_token> & tokens, size_t evaluated, const std::vector<float> & logits,
-                            const uint8_t * state, size_t state_size) {
+                            const uint8_t * state, size_t state_size, size_t exact_upto) {
     validate_tokens(tokens);
     if (evaluated > tokens.size() || tokens.size() - evaluated > 1) {
         throw std::invalid_argument("a saved sequence has all its tokens evaluated, or all but the last; got " +
@@ -102,6 +103,8 @@ uint64_t Engine::seq_import(const std::vector<llama_token> & tokens, size_t eval
             }
             s.tokens = tokens;
             kv_->adopt_cells(s, evaluated);
+            // (cells a splice moved stay approximate after a reload: a rebase must not reuse them)
+            s.exact_upto = exact_upto < evaluated ? exact_upto : SeqState::kAllExact;
             if (!logits.empty()) {
                 s.logits = logits;
                 s.logits_valid = true;

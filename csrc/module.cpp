@@ -194,17 +194,21 @@ PYBIND11_MODULE(_native, m) {
             SeqSnapshot snap;
             { py::gil_scoped_release r; snap = e.seq_export(h); }
             py::bytes state(reinterpret_cast<const char *>(snap.state.data()), (py::ssize_t) snap.state.size());
-            return py::make_tuple(std::move(snap.tokens), snap.evaluated, to_numpy(std::move(snap.logits), -1, 0), state);
+            py::object exact = snap.exact_upto == (size_t) -1 ? py::object(py::none()) : py::object(py::int_(snap.exact_upto));
+            return py::make_tuple(std::move(snap.tokens), snap.evaluated, to_numpy(std::move(snap.logits), -1, 0), state,
+                                  exact);
         }, py::arg("handle"))
         .def("seq_import", [](Engine & e, const std::vector<llama_token> & tokens, size_t evaluated,
-                              py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::buffer state) {
+                              py::array_t<float, py::array::c_style | py::array::forcecast> logits, py::buffer state,
+                              std::optional<size_t> exact_upto) {
             std::vector<float> l(logits.data(), logits.data() + logits.size());
             py::buffer_info info = state.request();  // held until we return: the bytes stay alive and unmoved
             if (info.ndim != 1 || info.itemsize != 1 || (info.size > 1 && info.strides[0] != 1))
                 throw std::invalid_argument("state must be a contiguous 1-D byte buffer");
             py::gil_scoped_release r;
-            return e.seq_import(tokens, evaluated, l, static_cast<const uint8_t *>(info.ptr), (size_t) info.size);
-        }, py::arg("tokens"), py::arg("evaluated"), py::arg("logits"), py::arg("state"))
+            return e.seq_import(tokens, evaluated, l, static_cast<const uint8_t *>(info.ptr), (size_t) info.size,
+                                exact_upto.value_or((size_t) -1));
+        }, py::arg("tokens"), py::arg("evaluated"), py::arg("logits"), py::arg("state"), py::arg("exact_upto") = py::none())
         .def("stats", &Engine::stats, Release())
         .def("tokens_per_sequence", &Engine::tokens_per_sequence, Release())
         .def("used_cells", &Engine::used_cells, Release())

@@ -350,8 +350,9 @@ void RebaseTask::splice_into(KvBook & kv, SeqState & m, SeqState & sh) {
     }
     // The replacement's cells were computed in the shadow after the same prefix: exact where the shadow's
     // are. The tail's were computed after the span they no longer follow: approximate from kp + R on.
+    // (a splice that replaced nothing, the whole span reused, moved nothing either)
     size_t exact = sh.exact_upto;
-    if (m.tokens.size() > kf) exact = std::min(exact, kp + R);
+    if (m.tokens.size() > kf && (kf != kp || R != 0)) exact = std::min(exact, kp + R);
     if (R > 0) llama_memory_seq_cp(mem, sh.sid, m.sid, (llama_pos) kp, (llama_pos) (kp + R));
     std::vector<llama_token> toks(m.tokens.begin(), m.tokens.begin() + (long) kp);
     std::vector<CellId> cells(m.cells.begin(), m.cells.begin() + (long) kp);

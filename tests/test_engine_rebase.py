@@ -217,6 +217,38 @@ def test_a_summary_spliced_in_is_reused_by_the_next_splice(tiny_engine):
             assert_logits_close(f.logits(), fresh.logits())
 
 
+def test_a_spliced_sequence_saved_and_loaded_keeps_its_approximate_cells_apart(tiny_engine):
+    """The mark travels with a saved state: a reloaded copy of a spliced sequence does not offer its moved
+    cells for reuse (they were reused as exact: 0.19 off a fresh prefill) and its rebase is as exact."""
+    toks = text_tokens(tiny_engine, 150, seed=35)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(10, text_tokens(tiny_engine, 12, seed=36), 60, mode="splice")
+        assert rb.wait(timeout=30)
+        s.commit_rebase(rb)
+        now = s.tokens
+        with tiny_engine.load_sequence(s.save_state()) as loaded:
+            assert loaded.spliced
+            rb = loaded.prepare_rebase(5, now[5:80] + [7, 8, 9], 80)
+            assert rb.wait(timeout=30)
+            info = loaded.commit_rebase(rb)
+            assert info["reused_tokens"] == 17                     # 5..21, not the moved cells after them
+            expect = now[:5] + now[5:80] + [7, 8, 9] + now[80:]
+            with tiny_engine.sequence(expect) as fresh:
+                assert_logits_close(loaded.logits(), fresh.logits())
+        with tiny_engine.sequence(toks) as exact:                  # an exact sequence reloads exact
+            with tiny_engine.load_sequence(exact.save_state()) as loaded:
+                assert not loaded.spliced
+
+
+def test_a_splice_that_replaces_nothing_leaves_the_sequence_exact(tiny_engine):
+    toks = text_tokens(tiny_engine, 100, seed=40)
+    with tiny_engine.sequence(toks) as s:
+        rb = s.prepare_rebase(10, toks[10:40], 40, mode="splice")   # the span itself: all reused, nothing moves
+        assert rb.wait(timeout=30)
+        s.commit_rebase(rb)
+        assert s.tokens == toks and not s.spliced
+
+
 def test_background_generation_shares_batches_with_foreground(tiny_engine):
     prompt_a = text_tokens(tiny_engine, 50, seed=23)
     prompt_b = text_tokens(tiny_engine, 50, seed=24)

@@ -154,7 +154,7 @@ class Engine:
         ``SlotsExhaustedError`` when it does not fit; a failed load leaves nothing behind."""
         live = self.native()
         saved = _state.unpack(blob, self.fingerprint)
-        return Sequence(self, live.seq_import(saved.tokens, saved.evaluated, saved.logits, saved.state))
+        return Sequence(self, live.seq_import(saved.tokens, saved.evaluated, saved.logits, saved.state, saved.exact_upto))
 
     # -- state ------------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -102,8 +102,8 @@ class Sequence:
         """This sequence's tokens, KV state and next-token logits (when valid) as bytes, for
         ``Engine.load_sequence`` in this process or another one running the same model, n_ctx and
         versions (see ``Engine.fingerprint``). Raises SequenceBusyError while a job runs on it."""
-        tokens, evaluated, logits, data = self._n().seq_export(self._h)
-        return _state.pack(self.engine.fingerprint, tokens, evaluated, logits, data)
+        tokens, evaluated, logits, data, exact_upto = self._n().seq_export(self._h)
+        return _state.pack(self.engine.fingerprint, tokens, evaluated, logits, data, exact_upto)
 
     # -- writing ----------------------------------------------------------------------------------
     def append(self, tokens: Iterable[int]) -> None:

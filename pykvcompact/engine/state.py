@@ -45,6 +45,7 @@ class SavedState:
     evaluated: int
     logits: np.ndarray       # float32, (n_vocab,) or empty
     state: memoryview        # llama.cpp's bytes, a view into the blob
+    exact_upto: Optional[int] = None   # where a splice's approximate cells begin (None: all exact)
 
 
 def engine_fingerprint(engine) -> dict:
@@ -56,7 +57,8 @@ def engine_fingerprint(engine) -> dict:
             "n_ctx": int(engine.n_ctx), "pykvcompact": VERSION, "llama_cpp": LLAMA_CPP_PYTHON_VERSION}
 
 
-def pack(fingerprint: dict, tokens: list, evaluated: int, logits: Any, state: bytes) -> bytes:
+def pack(fingerprint: dict, tokens: list, evaluated: int, logits: Any, state: bytes,
+         exact_upto: Optional[int] = None) -> bytes:
     toks = np.asarray(tokens, dtype="<i4").tobytes()
     lg = np.asarray(logits, dtype="<f4").reshape(-1).tobytes()
     counts = _COUNTS.pack(len(tokens), int(evaluated), len(lg) // 4, len(state))
@@ -64,7 +66,7 @@ def pack(fingerprint: dict, tokens: list, evaluated: int, logits: Any, state: by
     for part in (counts, toks, lg, state):
         digest.update(part)
     header = json.dumps({"fingerprint": fingerprint, "payload_bytes": len(counts) + len(toks) + len(lg) + len(state),
-                         "payload_sha256": digest.hexdigest()}, sort_keys=True).encode("utf-8")
+                         "payload_sha256": digest.hexdigest(), "exact_upto": exact_upto}, sort_keys=True).encode("utf-8")
     return b"".join([MAGIC, _PREFIX.pack(FORMAT_VERSION, len(header)), header, counts, toks, lg, state])
 
 
@@ -95,6 +97,7 @@ def unpack(blob: Any, fingerprint: dict) -> SavedState:
     if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
         raise InvalidStateError("the saved sequence state is corrupt (sha256 of its payload does not match)")
     saved = _read_payload(payload, header["fingerprint"])
+    saved.exact_upto = header.get("exact_upto")
     diffs = differences(header["fingerprint"], fingerprint)
     if diffs:
         raise _mismatch(diffs, saved.tokens)
@@ -129,7 +132,9 @@ def _read_header(raw: memoryview) -> dict:
     except (UnicodeDecodeError, ValueError):
         raise InvalidStateError("the saved sequence state is corrupt (its header is not JSON)") from None
     ok = (isinstance(header, dict) and isinstance(header.get("fingerprint"), dict)
-          and isinstance(header.get("payload_bytes"), int) and isinstance(header.get("payload_sha256"), str))
+          and isinstance(header.get("payload_bytes"), int) and isinstance(header.get("payload_sha256"), str)
+          and (header.get("exact_upto") is None
+               or (type(header["exact_upto"]) is int and header["exact_upto"] >= 0)))
     if not ok:
         raise InvalidStateError("the saved sequence state is corrupt (its header lacks the fingerprint or checksum)")
     return header
