@@ -139,6 +139,32 @@ def test_a_slow_note_does_not_hold_the_old_sequence_through_a_swap(tmp_path):
     s.close()
 
 
+def test_a_splice_swap_ends_the_note_being_written_first(tmp_path, monkeypatch):
+    """A note's fork shares the cells a splice moves, and the engine refuses to move them: the swap then
+    prefilled a fresh sequence (12 s, Qwen2.5-Coder-1.5B).  The note is ended before a splice commit."""
+    eng = FakeEngine(n_ctx=8192, bg_polls=12)   # notes take 12 polls: they overlap the swaps
+    s = pk.Session(eng, system="You are an agent.", history_dir=tmp_path, session_id="splice",
+                   policy=pk.Policy(mode="background", window=1600, compact_tool=False, history_tool=False,
+                                    summary_max_tokens=160, rebase="splice"))
+    seen = []
+    orig = type(s._ctx.seq).commit_rebase
+
+    def commit(seq, rb):
+        if rb.mode == "splice":
+            seen.append(s._compactor.maker.notes.writing)
+        return orig(seq, rb)
+
+    monkeypatch.setattr(type(s._ctx.seq), "commit_rebase", commit)
+    s.chat("Audit the pool sizes.", max_tokens=8)
+    for i in range(16):
+        s.add([call(i, "read_file", path=f"services/s{i}/config.toml"), out(i, config(i))])
+        if i % 2:
+            s.chat(f"next {i}", max_tokens=8)
+    assert seen and not any(seen), seen
+    assert any(e.name == "note_skipped" and e.reason == "splice" for e in s.events)
+    s.close()
+
+
 def test_notes_survive_save_and_load(tmp_path):
     eng, s = session(tmp_path)
     s.chat("Audit the pool sizes.", max_tokens=8)
