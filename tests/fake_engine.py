@@ -26,7 +26,11 @@ def default_responder(prompt: str) -> str:
     if "write a summary of the conversation" in last_user:
         # a new fact each time, or the session stops asking the model (compaction/summary/novelty.py)
         n = next(_SUMMARIES)
-        return f"Goal: test the session.\nVerified facts: {n} read.\nNext step: continue."
+        # (written after the prefilled head: "Verified facts:\n-", or "Standing instructions:" when the
+        # request lists user messages to copy: this model copies none of them)
+        if "These user messages will not be kept" in last_user:
+            return f" none\nVerified facts: {n} read.\nNext step: continue."
+        return f" {n} read."
     if "Which lines of the tool output above" in last_user:   # (the request may quote the task first)
         # a note (compaction/summary/notes.py): the head the grammar offers for the output's second line
         from pykvcompact.compaction.summary.notes import choices, heads

@@ -158,6 +158,8 @@ def test_summarizer_request_lists_every_over_budget_user(tmp_path):
     for i in range(8):
         tool_turn(s, i, 40)
     assert reqs and "never touch billing.py" in reqs[0].split(key)[1] and "TASK: req0" in reqs[0]
+    # user messages to copy: their heading leads the request (and is what the answer is prefilled with)
+    assert reqs[0].index("Standing instructions: every instruction") < reqs[0].index("Verified facts:")
     reqs.clear()
     eng, s = mk(tmp_path, responder=responder, sid="ov2", keep_user_tokens=20, summary_max_tokens=128)
     s.chat("Task: go.", max_tokens=8)
@@ -292,3 +294,13 @@ def test_a_tight_summary_says_which_pins_it_summarized(tmp_path):
         tool_turn(s, 2 + k, 30)
     assert "Task: go." in s.render()
     s.close()
+
+
+def test_the_answer_starts_with_the_facts_unless_user_messages_are_to_be_copied():
+    from pykvcompact.compaction.summary.summarizer import FACTS_HEAD, FIRST_HEADING, answer_head, summarizer_request
+    plain = summarizer_request("h.jsonl", 100)
+    assert answer_head() == FACTS_HEAD and plain.index("Verified facts:") < plain.index(FIRST_HEADING)
+    assert "none" not in plain   # (asked to write "none", a small model wrote it under every heading)
+    listed = summarizer_request("h.jsonl", 100, overflow_users=["Never touch billing.py."])
+    assert answer_head(["Never touch billing.py."]) == FIRST_HEADING
+    assert listed.index(FIRST_HEADING) < listed.index("Verified facts:") and "- Never touch billing.py." in listed

@@ -101,6 +101,9 @@ class SummaryJob:
             a.cancel()
         self._close_fork()
         self.attempt = None
+        # (the model's text comes back stripped: a prefilled bullet gets its space back)
+        if self.head.endswith("-") and text:   # (and no second bullet when the model began with its own)
+            text = " " + (text[1:].lstrip() if text[0] in "-*•" else text)
         full = (self.head + text).strip()
         kept = full.rsplit("\n", 1)[0] if reason == "over_length" and "\n" in full else ""
         if kept and not _repeats(kept) and self._count(kept) * 2 >= len(a.tokens):

@@ -15,16 +15,21 @@ from typing import Callable, List, Optional, Sequence, Tuple
 USERS_HEADING = "User messages, verbatim (oldest first):"
 CARRIED_HEADING = "Earlier summary, carried verbatim:"
 STANDING_HEADING = "Standing instructions:"
-# the other headings the summarizer is asked for (see summarizer.summarizer_request)
-_HEADINGS = ("standing instructions", "goal", "verified facts", "decisions", "files and artifacts", "open items",
-             "next step")
-_HEADING_RE = re.compile(r"^\s*(?:[#*>\-]+\s*)*\**\s*(" + "|".join(_HEADINGS) + r")\s*\**\s*:\s*\**\s*(.*)$",
-                         re.IGNORECASE)
+# the headings the summarizer asks for (summarizer.summarizer_request; the older ones too), in markdown or
+# numbered, "Next steps" in the plural, and a heading alone on its line without a colon: an unrecognised
+# heading is read as part of the section above it (a "Next steps:" under the standing instructions became
+# an instruction, and pushed the user's own out when they were trimmed oldest first).  No shorter forms
+# ("Files:", "Decision:"): a user's rule may begin with those
+_HEADINGS = (r"standing instructions?", r"goal", r"verified facts", r"decisions", r"files and artifacts",
+             r"open items", r"next steps?")
+_HEADING_RE = re.compile(r"^\s*(?:[#*>\-]+\s*|\d+[.)]\s*)*\**\s*(" + "|".join(_HEADINGS) +
+                         r")\s*\**\s*(?::|(?=\s*$))\s*\**\s*(.*)$", re.IGNORECASE)
 # the labels of the deterministic fallback summary (summarizer.fallback_summary) end a section too
 _FALLBACK_RE = re.compile(r"^\s*(\(automatic summary|(last user request|summarized messages|tools called|first user "
                           r"request|files mentioned|earlier summary|last assistant reply)\s*[:\u2026])", re.IGNORECASE)
 # (a label cut short by the fallback's last-resort truncation ends in "…" rather than ":")
-_NONE_RE = re.compile(r"^[\s\-*•.]*(none|n/?a|nothing|-)?[\s.]*$", re.IGNORECASE)
+# a line that says there is nothing: "none", "(none)", "N/A", "-" ("None failed." says something)
+_NONE_RE = re.compile(r"^[\s\-*•.(]*(none|n/?a|nothing)?[\s.)]*$", re.IGNORECASE)
 
 
 def message_text(msg: dict) -> str:
@@ -48,7 +53,7 @@ def split_standing(text: str) -> Tuple[List[str], str]:
     for line in (text or "").split("\n"):
         m = _HEADING_RE.match(line)
         if m:
-            inside = m.group(1).lower() == "standing instructions"
+            inside = m.group(1).lower().startswith("standing instruction")
             if inside:
                 if not _NONE_RE.match(m.group(2)):
                     standing.append(m.group(2).strip())
@@ -63,12 +68,44 @@ def split_standing(text: str) -> Tuple[List[str], str]:
     return standing, "\n".join(rest).strip()
 
 
+_WORD = re.compile(r"[^\W_][\w./:@-]*[^\W_]|[^\W_]", re.UNICODE)
+
+
+def words_of(text: str) -> set:
+    """The words of ``text``, lower case (a CJK run counts as one)."""
+    return {w.lower() for w in _WORD.findall(text or "")}
+
+
+def not_the_request(lines: Sequence[str], request_words: set, user_words: set) -> List[str]:
+    """The lines of a model's "Standing instructions" that are not the summary request's own sentences: a
+    line goes when most of its words are the request's and at least as many of them are only the request's
+    as only the user's (a tie goes: the user's own message is kept verbatim elsewhere).  Qwen2.5-Coder-1.5B
+    filed "Do not call any tool." and "Save the full messages in ..." there (evaluation families); carried
+    forward as standing instructions they would steer every later turn.  A rule the user gave in other
+    words or another language stays (it shares little with the request)."""
+    out = []
+    for line in lines:
+        words = [w.lower() for w in _WORD.findall(line)]
+        asked = sum(w in request_words for w in words)
+        theirs = sum(w in request_words and w not in user_words for w in words)
+        users = sum(w in user_words and w not in request_words for w in words)
+        if words and not (asked * 5 >= 3 * len(words) and theirs and theirs >= users):
+            out.append(line)
+    return out
+
+
+def standing_key(line: str) -> str:
+    """What two copies of one instruction share: its words, lower case (bullets, quotes, punctuation and
+    spacing aside)."""
+    return " ".join(w.lower() for w in _WORD.findall(line.replace("\u2019", "'")))
+
+
 def merge_standing(*groups: Sequence[str]) -> List[str]:
     """The lines of ``groups`` in order, without duplicates (whitespace and a leading bullet ignored)."""
     out, seen = [], set()
     for g in groups:
         for line in g:
-            key = " ".join(line.lstrip("-*• ").split()).lower()
+            key = standing_key(line)
             if key and key not in seen:
                 seen.add(key)
                 out.append(line.strip())

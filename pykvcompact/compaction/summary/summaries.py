@@ -9,10 +9,11 @@ from typing import Dict, List, Optional
 from ... import events as ev
 from ...chat.template import common_prefix_len
 from ..policy import summary_budget
-from .summarizer import (FIRST_HEADING, SUMMARY_HEADER, summarizer_request, without_repeated_requests)
+from .summarizer import SUMMARY_HEADER, answer_head, summarizer_request, without_repeated_requests
 from ...session.context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
-                     split_standing, trim_lines, trim_standing)
+                     not_the_request, split_standing, standing_key, trim_lines, trim_standing,
+                     words_of)
 from ...session.transcript import Transcript
 from .novelty import says_something_new
 from ...chat.messages import view_of
@@ -55,6 +56,9 @@ class SummaryMaker:
         self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
+        self._request_vocab: Optional[set] = None   # (not_the_request's words, built once)
+        self._user_vocab: set = set()
+        self._user_vocab_upto = 0
         # what the model noted of each tool result (journaled: kept across save/load)
         # (Policy(notes=None) takes none on a model measured to note nothing useful: registry.notes_help)
         takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
@@ -124,7 +128,7 @@ class SummaryMaker:
                 self.transcript.path, writes, instructions, shorter, overflow_users=listed, omitted=omitted,
                 has_earlier=bool(carried or standing))}
             before = ctx.render(base)
-            after = ctx.render(base + [req], True) + FIRST_HEADING
+            after = ctx.render(base + [req], True) + answer_head(listed)
             common = len(before) if after.startswith(before) else common_prefix_len(before, after)
             return ctx.tok(after[common:])
 
@@ -154,8 +158,33 @@ class SummaryMaker:
                           detok=ctx.detok,
                           max_tokens=max(writes, 1), timeout=self.policy.summary_timeout,
                           retries=self.policy.summary_retries, background=background, emit=self.emit,
-                          head=FIRST_HEADING, count=count,
+                          head=answer_head(listed), count=count,
                           room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip, skip_reason=skip_reason)
+
+    def _request_words(self) -> set:
+        """The words of the summary request's own sentences (no user message or instruction in it)."""
+        if self._request_vocab is None:
+            self._request_vocab = words_of(summarizer_request(self.transcript.path, 100, has_earlier=True))
+        return self._request_vocab
+
+    def _user_words(self) -> set:
+        """The words of the user's messages so far (not summaries or recalled lines), grown as they come."""
+        msgs = self.transcript.messages
+        for m in msgs[self._user_vocab_upto:]:
+            if (m.get("role") == "user" and not m.get("summary") and not m.get("recall")
+                    and isinstance(m.get("content"), str)):
+                self._user_vocab |= words_of(m["content"])
+        self._user_vocab_upto = len(msgs)
+        return self._user_vocab
+
+    def _uncopied(self, plan: Plan, text: str, count) -> List[str]:
+        """The over-budget user messages the request listed that the model's text does not carry word for
+        word (punctuation and case aside): copied as they were listed.  The user's words are never left to
+        the model (a model that answered "none" under the standing instructions lost them for the rest of
+        the session)."""
+        listed, _ = budget_items([c.content for c in plan.overflow], self.shares.listed(), count)
+        said = standing_key(text or "")
+        return [u for u in listed if standing_key(u) not in said]
 
     def asks_model(self) -> bool:
         """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
@@ -179,6 +208,11 @@ class SummaryMaker:
         kept, carried, old_standing = plan.kept, plan.carried, plan.standing
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
+        if not summary.fallback:   # (the fallback's are the user's words)
+            new_standing = not_the_request(new_standing, self._request_words(), self._user_words())
+        if not summary.fallback and level < 2:   # (the fallback copies them itself; a plan of level 2 or more
+            # is for a pool without room for them)
+            new_standing = merge_standing(new_standing, self._uncopied(plan, summary.text, count))
         self._judge(summary, rest, plan)
         if level == 0:
             extended = self._extended(cut, plan, summary, new_standing, rest, count)

@@ -22,6 +22,18 @@ SKIPS = ("no_time", "uninformative")   # why the model is not asked at all (comp
 # The answer is prefilled with its first heading, so the model starts writing the summary (not a tool
 # call: the tool schema sits in the system prompt of the context the summary is written in).
 FIRST_HEADING = "Standing instructions:"
+# ... the facts first, unless the request lists user messages to copy (then their heading leads).  Prefilled
+# with "Standing instructions:", seven headings and "write none under an empty heading", Qwen2.5-Coder-1.5B
+# wrote "none" under every heading in 5 of 8 summaries of the evaluation families (bench/summaries.py);
+# facts first, in none of 8, and 4 of 8 carried an asked fact (2 of 8 before).  SmolLM2-135M writes
+# nothing useful with either (0 of 8): the session stops asking it (summaries.py, novelty.py).
+FACTS_HEAD = "Verified facts:\n-"
+
+
+def answer_head(overflow_users: Sequence[str] = ()) -> str:
+    """What the summary's answer is prefilled with (the request's first heading)."""
+    return FIRST_HEADING if overflow_users else FACTS_HEAD
+
 
 SUMMARY_HEADER = "[Summary of the conversation before this point. The full messages are saved in {path}.]"
 
@@ -41,18 +53,14 @@ def summarizer_request(history_path: str, max_tokens: int, instructions: Optiona
     ]
     if has_earlier:
         parts.append("The earlier summary above is kept word for word; summarize only what happened after it.")
-    parts += [
-        "Use exactly these headings:",
-        f"{FIRST_HEADING} every instruction or constraint the user gave (ports, files not to touch, names, "
-        "dates, numbers), copied word for word, not paraphrased.",
-        "Goal: what the user wants.",
-        "Verified facts: facts established above, with their exact values (numbers, names, paths, results).",
+    facts = ("Verified facts: facts established above, one per line, each with its exact value copied from the "
+             "messages (ids, numbers, codes, amounts, names, paths, times, results).")
+    standing = (f"{FIRST_HEADING} every instruction or constraint the user gave before this request (ports, files "
+                "not to touch, names, dates, numbers), copied word for word, not paraphrased.")
+    parts += ["Use these headings:"] + ([standing, facts] if overflow_users else [facts, standing]) + [
         "Decisions: what was decided and why.",
-        "Files and artifacts: files, functions or other artifacts read, created or changed.",
-        "Open items: what is unfinished or unknown.",
         "Next step: the next concrete action.",
-        "Write only what is stated above; do not invent anything; write \"none\" under an empty heading. "
-        f"At most {words} words.",
+        f"Write only what is stated above; leave out a heading with nothing under it. At most {words} words.",
     ]
     if overflow_users:
         parts.append("These user messages will not be kept; copy every constraint, number and name in them "
@@ -154,5 +162,6 @@ class Summarizer:
                        detokenize=detokenize, fault=self.next_fault(), attempt=attempt)
 
 
-__all__ = ["FIRST_HEADING", "SKIPS", "Summarizer", "summarizer_request", "summary_message", "fallback_summary",
+__all__ = ["FIRST_HEADING", "FACTS_HEAD", "answer_head", "SKIPS", "Summarizer", "summarizer_request", "summary_message",
+           "fallback_summary",
            "without_repeated_requests", "FAILURES", "SUMMARY_HEADER"]
