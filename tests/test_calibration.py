@@ -153,8 +153,11 @@ def test_a_calibrated_model_is_asked_wherever_the_cadence_says_whatever_the_outp
         warnings.simplefilter("error")  # the model is asked: no warning
         s = _run(_engine(0.45), tmp_path / "a", tool_output=_every_third_states_a_result, steps=8, cue_weight=0.2)
     asked = [e for e in s.events if e.name == "probe"]
-    assert len(asked) >= 6
     assert not any(e.name == "probe_skipped" and e.reason not in ("no_cut_point", "below_floor") for e in s.events)
+    # every step is asked but where the structure leaves nothing to compact (how many depends on what each
+    # summary holds: 5 of 8 with the test model's summaries)
+    skipped = [e for e in s.events if e.name == "probe_skipped"]
+    assert len(asked) + len(skipped) == 8 and len(asked) >= 4
     # each step brings a user message (structure): the cue holds at every probe, 0.45 + 0.2 >= 0.6
     assert all(e.cue and (e.verdict, e.reason) == ("COMPRESS", "model+cue") for e in asked)
     s.close()

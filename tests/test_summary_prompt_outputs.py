@@ -18,6 +18,7 @@ ASK = "write a summary of the conversation"
 COPIES = True   # a model that copies the listed user messages under the prefilled "Standing instructions:"
 RULE = "Never refund more than 50 dollars to ACME."
 TASK = "New task: process the refund tickets. Deploy on port 8137."
+OWN = "Reply to ACME in English only."   # an instruction the model writes that no kept message holds
 
 
 def asked(prompt):
@@ -120,10 +121,11 @@ def test_outputs_survive_several_compactions(kind, keep_user_tokens, tmp_path):
 
 @pytest.mark.parametrize("mode", ["hard", "background"])
 def test_standing_written_after_the_facts_is_extracted_and_kept(mode, tmp_path):
-    """No user message over budget (head = facts); the model writes the rule under a later heading."""
-    eng, s, seen = mk(tmp_path, OUTPUTS["facts_then_standing"], f"b-{mode}", mode=mode, keep_user_tokens=200)
+    """No user message over budget (head = facts); the model writes an instruction under a later heading."""
+    says = lambda n, r: f" order ORD-{7000 + n}\nStanding instructions:\n- {OWN}\nNext step: email T-{n}"  # noqa: E731
+    eng, s, seen = mk(tmp_path, says, f"b-{mode}", mode=mode, keep_user_tokens=200)
     drive(s)
-    assert any(RULE in x for x in model_standing(s)), model_standing(s)
+    assert any(OWN in x for x in model_standing(s)), model_standing(s)
 
 
 # ------------------------------------------------------------------ realistic non-"none" ways to say nothing
@@ -239,12 +241,12 @@ def test_the_requests_own_sentences_are_not_kept_as_standing_instructions(tmp_pa
     """Qwen2.5-Coder-1.5B filed the summary request's sentences under "Standing instructions" ("Do not call
     any tool.", "Save the full messages in ..."): carried forward, they would steer every later turn."""
     says = lambda n, r: (f" order ORD-{7000 + n} shipped\nStanding instructions:\n- Do not call any tool.\n"  # noqa: E731
-                         f"- Save the full messages in history/x.jsonl.\n- {RULE}\nNext step: email T-{n}")
+                         f"- Save the full messages in history/x.jsonl.\n- {OWN}\nNext step: email T-{n}")
     eng, s, seen = mk(tmp_path, says, "k", keep_user_tokens=200, summary_max_tokens=120)
     drive(s)
     assert nreb(s) >= 3
     st = model_standing(s)
-    assert any(RULE in x for x in st) and not any("call any tool" in x or "full messages" in x for x in st), st
+    assert any(OWN in x for x in st) and not any("call any tool" in x or "full messages" in x for x in st), st
     assert "Do not call any tool" not in s.render()
 
 
@@ -302,3 +304,15 @@ def test_a_near_verbatim_copy_of_an_instruction_counts_once():
     rule = "Don't refund more than 50 dollars to ACME."
     assert merge_standing([rule], ["- Don\u2019t refund more than 50 dollars to ACME", f"**{rule}**"]) == [rule]
     assert standing_key(rule) in standing_key(f"Standing instructions:\n- \u201c{rule[:-1]}\u201d\nNext step: x")
+
+
+def test_a_kept_user_message_the_model_copied_as_an_instruction_is_said_once(tmp_path):
+    """The default model copied the user's requests ("Next ticket: ...") under the standing instructions,
+    beside the same messages kept verbatim."""
+    says = lambda n, r: (f" order ORD-{7000 + n} shipped\nStanding instructions:\n- {TASK}\n- {RULE}\n"  # noqa: E731
+                         f"Next step: email T-{n}")
+    eng, s, seen = mk(tmp_path, says, "n", keep_user_tokens=200, summary_max_tokens=120)
+    drive(s)
+    assert nreb(s) >= 3
+    live = s.render()
+    assert live.count(RULE) == 1 and live.count(TASK) == 1, live

@@ -213,6 +213,11 @@ class SummaryMaker:
         if not summary.fallback and level < 2:   # (the fallback copies them itself; a plan of level 2 or more
             # is for a pool without room for them)
             new_standing = merge_standing(new_standing, self._uncopied(plan, summary.text, count))
+        # a line the summary message carries verbatim anyway (a kept user message) is said once: the default
+        # model copied the user's requests ("Next ticket: TCK-53844 ...") under the standing instructions
+        # (not in a smaller plan: it may leave kept messages out)
+        kept_keys = [standing_key(c.content) for c in plan.kept if c.role == "user"] if level < 2 else []
+        new_standing = [x for x in new_standing if not any(standing_key(x) in k for k in kept_keys)]
         self._judge(summary, rest, plan)
         if level == 0:
             extended = self._extended(cut, plan, summary, new_standing, rest, count)
