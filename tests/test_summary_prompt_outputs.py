@@ -149,11 +149,11 @@ def test_plural_next_steps_after_standing_is_not_a_standing_instruction(tmp_path
 
 
 def test_numbered_standing_heading_is_extracted(tmp_path):
-    says = lambda n, r: (f" order ORD-{7000 + n}\n2. Standing instructions:\n- {RULE}\n3. Next step:\n"  # noqa: E731
+    says = lambda n, r: (f" order ORD-{7000 + n}\n2. Standing instructions:\n- {OWN}\n3. Next step:\n"  # noqa: E731
                          f"- email ticket T-{n}")
     eng, s, seen = mk(tmp_path, says, "e", keep_user_tokens=200)
     drive(s)
-    assert any(RULE in x for x in model_standing(s)), model_standing(s)
+    assert any(OWN in x for x in model_standing(s)), model_standing(s)
 
 
 # ------------------------------------------------------------------ carried facts keep their heading

@@ -12,8 +12,7 @@ from ..policy import summary_budget
 from .summarizer import SUMMARY_HEADER, answer_head, summarizer_request, without_repeated_requests
 from ...session.context import Context
 from .keeper import (STANDING_HEADING, Candidate, SummaryMeta, budget_items, compose, merge_standing,
-                     not_the_request, split_standing, standing_key, trim_lines, trim_standing,
-                     words_of)
+                     split_standing, trim_lines, trim_standing)
 from ...session.transcript import Transcript
 from .novelty import says_something_new
 from ...chat.messages import view_of
@@ -25,6 +24,7 @@ from ...engine.port import free_cells
 from ..swap import Replacement
 from .shares import SummaryShares
 from .plan import Plan, first_user, plan_summary
+from .standing import StandingCheck
 from .fallback import fallback_text, give_up, trim_lines_end, users_words
 from .extension import extend, previous_summary
 
@@ -56,9 +56,7 @@ class SummaryMaker:
         self.said_nothing = 0     # the model's summaries in a row that said nothing new (novelty.py)
         self.not_asked = 0        # summaries written without the model since it was last asked
         self._judged: Optional[Summary] = None   # the model summary last counted in said_nothing
-        self._request_vocab: Optional[set] = None   # (not_the_request's words, built once)
-        self._user_vocab: set = set()
-        self._user_vocab_upto = 0
+        self.standing = StandingCheck(transcript, self.shares)
         # what the model noted of each tool result (journaled: kept across save/load)
         # (Policy(notes=None) takes none on a model measured to note nothing useful: registry.notes_help)
         takes = policy.takes_notes and (policy.notes is True or notes_help(ctx.engine))
@@ -161,31 +159,6 @@ class SummaryMaker:
                           head=answer_head(listed), count=count,
                           room=lambda n: free_cells(ctx.engine) >= n + 8, skip=skip, skip_reason=skip_reason)
 
-    def _request_words(self) -> set:
-        """The words of the summary request's own sentences (no user message or instruction in it)."""
-        if self._request_vocab is None:
-            self._request_vocab = words_of(summarizer_request(self.transcript.path, 100, has_earlier=True))
-        return self._request_vocab
-
-    def _user_words(self) -> set:
-        """The words of the user's messages so far (not summaries or recalled lines), grown as they come."""
-        msgs = self.transcript.messages
-        for m in msgs[self._user_vocab_upto:]:
-            if (m.get("role") == "user" and not m.get("summary") and not m.get("recall")
-                    and isinstance(m.get("content"), str)):
-                self._user_vocab |= words_of(m["content"])
-        self._user_vocab_upto = len(msgs)
-        return self._user_vocab
-
-    def _uncopied(self, plan: Plan, text: str, count) -> List[str]:
-        """The over-budget user messages the request listed that the model's text does not carry word for
-        word (punctuation and case aside): copied as they were listed.  The user's words are never left to
-        the model (a model that answered "none" under the standing instructions lost them for the rest of
-        the session)."""
-        listed, _ = budget_items([c.content for c in plan.overflow], self.shares.listed(), count)
-        said = standing_key(text or "")
-        return [u for u in listed if standing_key(u) not in said]
-
     def asks_model(self) -> bool:
         """Will the next summary ask the model?  Not after SAID_NOTHING_LIMIT summaries in a row that said
         nothing, until :meth:`ask_again_after` have been written without it (the schedule asks: without the
@@ -208,16 +181,8 @@ class SummaryMaker:
         kept, carried, old_standing = plan.kept, plan.carried, plan.standing
         count = lambda t: len(self.ctx.tok(t))  # noqa: E731
         new_standing, rest = split_standing(summary.text)
-        if not summary.fallback:   # (the fallback's are the user's words)
-            new_standing = not_the_request(new_standing, self._request_words(), self._user_words())
-        if not summary.fallback and level < 2:   # (the fallback copies them itself; a plan of level 2 or more
-            # is for a pool without room for them)
-            new_standing = merge_standing(new_standing, self._uncopied(plan, summary.text, count))
-        # a line the summary message carries verbatim anyway (a kept user message) is said once: the default
-        # model copied the user's requests ("Next ticket: TCK-53844 ...") under the standing instructions
-        # (not in a smaller plan: it may leave kept messages out)
-        kept_keys = [standing_key(c.content) for c in plan.kept if c.role == "user"] if level < 2 else []
-        new_standing = [x for x in new_standing if not any(standing_key(x) in k for k in kept_keys)]
+        if not summary.fallback:   # (the fallback's standing instructions are the user's words)
+            new_standing = self.standing.checked(new_standing, summary, plan, level, count)
         self._judge(summary, rest, plan)
         if level == 0:
             extended = self._extended(cut, plan, summary, new_standing, rest, count)
